@@ -1,0 +1,1 @@
+"""Node programs that run inside operand pods."""

@@ -1,0 +1,1 @@
+"""Wiring: caches -> planners -> executor; health and metrics endpoints."""

@@ -1,0 +1,1 @@
+"""Glue that runs the product on the simulated cluster with mock GPUs."""

@@ -1,0 +1,1 @@
+"""Node labelling planner: gpu.present, gpu.deploy.*, workload config, label ownership. Pure."""

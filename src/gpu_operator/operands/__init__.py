@@ -1,0 +1,1 @@
+"""One module per operand state: render(policy, facts) -> objects, and readiness. Pure."""

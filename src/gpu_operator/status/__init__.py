@@ -1,0 +1,1 @@
+"""Conditions and human-readable explanations. Pure."""

@@ -1,0 +1,1 @@
+"""Driver upgrade state machine planner. Pure."""

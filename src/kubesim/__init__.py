@@ -1,0 +1,1 @@
+"""kubesim: an in-memory Kubernetes API server and core controllers. Knows nothing about GPUs."""
