@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+import yaml
+from rich.console import Console
 
 import gpu_operator
 from gpu_operator.agents import cli as agents_cli
+from gpu_operator.api import crds as crd_gen
+from gpu_operator.api import manifests, validation
 
 app = typer.Typer(
     name="gpu-operator",
     help="An API-compatible NVIDIA GPU Operator for Kubernetes, in Python.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    add_completion=False,
 )
 app.add_typer(agents_cli.app)
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _version(value: bool) -> None:
@@ -29,6 +38,59 @@ def _root(
     ),
 ) -> None:
     """An API-compatible NVIDIA GPU Operator for Kubernetes, in Python."""
+
+
+@app.command()
+def crds(
+    out: Path | None = typer.Option(
+        None, "--out", help="Write one file per CRD into this directory instead of stdout."
+    ),
+) -> None:
+    """Print the ClusterPolicy and NVIDIADriver CRDs generated from the models."""
+    generated = crd_gen.all_crds()
+    if out is None:
+        typer.echo(
+            yaml.safe_dump_all(list(generated.values()), sort_keys=False, width=100), nl=False
+        )
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for filename, crd in generated.items():
+        (out / filename).write_text(yaml.safe_dump(crd, sort_keys=False, width=100))
+        err.print(f"wrote {out / filename}")
+
+
+@app.command()
+def validate(
+    files: list[str] = typer.Option(
+        ..., "-f", "--filename", help="Manifest file (YAML or JSON, several documents); - is stdin."
+    ),
+) -> None:
+    """Check ClusterPolicy and NVIDIADriver manifests: exit 0 valid, 1 invalid, 2 unreadable."""
+    failed = checked_any = False
+    for source in files:
+        try:
+            documents = manifests.read(source)
+        except manifests.ManifestError as exc:
+            err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(2) from None
+        label = "<stdin>" if source == "-" else source
+        for doc in documents:
+            result = validation.check_document(doc)
+            if result.skipped:
+                err.print(f"{label}: {result.ref}: skipped (not a GPU operator kind)", markup=False)
+                continue
+            for warning in result.warnings:
+                err.print(f"{label}: {result.ref}: warning: {warning}", markup=False)
+            for problem in result.errors:
+                typer.echo(f"{label}: {result.ref}: {problem}")
+            checked_any = True
+            failed |= not result.ok
+            if result.ok:
+                err.print(f"{label}: {result.ref}: valid", markup=False)
+    if not checked_any:
+        err.print("error: no ClusterPolicy or NVIDIADriver found in the input", markup=False)
+        raise typer.Exit(2)
+    raise typer.Exit(1 if failed else 0)
 
 
 def main() -> None:
