@@ -546,13 +546,7 @@ def check_document(doc: dict[str, Any]) -> Checked:
     name = str(metadata.get("name") or metadata.get("generateName") or "")
     model = KINDS.get(kind)
     if model is None:
-        checked = Checked(kind or "<no kind>", name)
-        checked.warnings.append(
-            Problem(
-                "kind", f"{_show(kind or None)} is not a ClusterPolicy or NVIDIADriver; skipped"
-            )
-        )
-        return checked
+        return Checked(kind or "<no kind>", name, skipped=True)
     checked = Checked(kind, name)
     if not isinstance(doc.get("metadata"), dict):
         checked.errors.append(Problem("metadata", "expected an object with a name"))
