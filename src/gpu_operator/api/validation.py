@@ -521,7 +521,7 @@ def _without_bad_fields(
         for error in err.errors():
             loc = _loc(error)
             if error["type"] == "missing" and loc:
-                parent = repaired
+                parent: Any = repaired
                 for part in loc[:-1]:
                     parent = parent.get(part, {}) if isinstance(parent, dict) else {}
                 if isinstance(parent, dict):

@@ -1,0 +1,187 @@
+"""The generated CRDs: committed copies in sync, structural, valid for Kubernetes 1.35, and
+able to hold any model instance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from gpu_operator.api import ClusterPolicy, NVIDIADriver, crds, structural
+from gpu_operator.api.fields import TypeInfo, describe
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = crds.all_crds()
+
+
+def schema_of(crd: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("filename", sorted(GENERATED))
+def test_committed_crds_match_the_generator(filename: str) -> None:
+    committed = yaml.safe_load((ROOT / "deploy" / "crds" / filename).read_text())
+    assert committed == GENERATED[filename], (
+        f"deploy/crds/{filename} is stale: run `gpu-operator crds --out deploy/crds`"
+    )
+
+
+@pytest.mark.parametrize("filename", sorted(GENERATED))
+def test_crd_is_valid_for_kubernetes_1_35(filename: str) -> None:
+    kubernetes_validate.validate(GENERATED[filename], "1.35.0", strict=True)
+
+
+@pytest.mark.parametrize("filename", sorted(GENERATED))
+def test_schema_is_structural(filename: str) -> None:
+    assert structural.check(schema_of(GENERATED[filename])) == []
+
+
+def test_structural_checker_catches_violations() -> None:
+    bad = {
+        "type": "object",
+        "properties": {
+            "a": {"description": "no type"},
+            "b": {"$ref": "#/x", "type": "string"},
+            "c": {"type": "integer", "x-kubernetes-int-or-string": True},
+            "d": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+            "e": {"type": "string", "default": 3},
+            "f": {"type": "array"},
+            "metadata": {"type": "object", "properties": {"labels": {"type": "object"}}},
+        },
+        "required": ["zz"],
+    }
+    found = "\n".join(structural.check(bad))
+    for expected in ("properties.a: type must be set", "$ref is not allowed",
+                     "must not set a type", "mutually exclusive", "is not of type string",
+                     "needs exactly one items schema", "only name and generateName",
+                     "required property zz"):  # fmt: skip
+        assert expected in found
+
+
+def test_names_scope_columns_and_subresources() -> None:
+    cp = GENERATED["nvidia.com_clusterpolicies.yaml"]
+    nvd = GENERATED["nvidia.com_nvidiadrivers.yaml"]
+    assert cp["metadata"]["name"] == "clusterpolicies.nvidia.com"
+    assert nvd["metadata"]["name"] == "nvidiadrivers.nvidia.com"
+    for crd in (cp, nvd):
+        assert crd["spec"]["scope"] == "Cluster"
+        assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+    assert [c["name"] for c in cp["spec"]["versions"][0]["additionalPrinterColumns"]] == [
+        "Status",
+        "Age",
+    ]
+    assert [c["name"] for c in nvd["spec"]["versions"][0]["additionalPrinterColumns"]] == [
+        "Status",
+        "Default",
+        "Age",
+    ]
+    assert nvd["spec"]["names"]["shortNames"] == ["nvd", "nvdriver", "nvdrivers"]
+    assert cp["spec"]["versions"][0]["name"] == "v1"
+    assert nvd["spec"]["versions"][0]["name"] == "v1alpha1"
+
+
+def test_clusterpolicy_schema_details() -> None:
+    spec = schema_of(GENERATED["nvidia.com_clusterpolicies.yaml"])["properties"]["spec"]
+    assert spec["required"] == ["operator", "daemonsets", "driver", "toolkit", "devicePlugin",
+                                "dcgmExporter", "dcgm", "nodeStatusExporter", "gfd"]  # fmt: skip
+    max_unavailable = spec["properties"]["driver"]["properties"]["upgradePolicy"]["properties"][
+        "maxUnavailable"
+    ]
+    assert max_unavailable["x-kubernetes-int-or-string"] is True
+    assert max_unavailable["default"] == "25%"
+    assert "type" not in max_unavailable
+    kata_config = spec["properties"]["kataManager"]["properties"]["config"]
+    assert kata_config["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["properties"]["mig"]["nullable"] is True
+    status = schema_of(GENERATED["nvidia.com_clusterpolicies.yaml"])["properties"]["status"]
+    assert status["properties"]["state"]["enum"] == ["ignored", "ready", "notReady"]
+
+
+def test_nvidiadriver_schema_details() -> None:
+    spec = schema_of(GENERATED["nvidia.com_nvidiadrivers.yaml"])["properties"]["spec"]
+    assert spec["required"] == ["default", "driverType", "image"]
+    assert spec["properties"]["image"]["default"] == "nvcr.io/nvidia/driver"
+    assert spec["properties"]["driverType"]["x-kubernetes-validations"][0]["rule"] == (
+        "self == oldSelf"
+    )
+    assert "nodeSelector" in spec["x-kubernetes-validations"][0]["rule"]
+
+
+# --- property test: any model instance serialises to an object its own schema accepts ---
+
+
+def strategy(info: TypeInfo, depth: int = 0) -> st.SearchStrategy[Any]:
+    if info.kind == "model":
+        assert info.model is not None
+        return model_strategy(info.model, depth + 1)
+    if info.kind == "list":
+        assert info.item is not None
+        return st.lists(strategy(info.item, depth), max_size=2 if depth < 4 else 0)
+    if info.kind == "map":
+        assert info.item is not None
+        keys = st.from_regex(r"^[a-z]{1,8}$", fullmatch=True)
+        return st.dictionaries(keys, strategy(info.item, depth), max_size=2)
+    if info.kind == "enum":
+        return st.sampled_from(info.enum)
+    if info.kind == "boolean":
+        return st.booleans()
+    if info.kind == "integer":
+        return st.integers(
+            min_value=info.constraints.get("minimum", -(2**31)),
+            max_value=info.constraints.get("maximum", 2**31),
+        )
+    if info.kind == "string":
+        pattern = info.constraints.get("pattern")
+        if pattern:
+            return st.from_regex(pattern, fullmatch=True)
+        return st.text(max_size=8)
+    if info.kind == "int-or-string":
+        return st.one_of(st.integers(min_value=0, max_value=100), st.text(max_size=5))
+    if info.kind == "quantity":
+        return st.sampled_from(["1", "500m", "2Gi", 4, "1.5"])
+    return st.just({"free": {"form": [1, "x"]}})
+
+
+def model_strategy(model: type[BaseModel], depth: int) -> st.SearchStrategy[dict[str, Any]]:
+    required: dict[str, st.SearchStrategy[Any]] = {}
+    optional: dict[str, st.SearchStrategy[Any]] = {}
+    for name, field in model.model_fields.items():
+        if name in ("apiVersion", "kind"):
+            continue
+        if name == "metadata":
+            required[name] = st.just({"name": "example"})
+            continue
+        info = describe(field.annotation, list(field.metadata))
+        target = required if field.is_required() else optional
+        target[field.alias or name] = strategy(info, depth)
+    if depth > 5:
+        optional = {}
+    return st.fixed_dictionaries(required, optional=optional)
+
+
+@pytest.mark.parametrize(
+    ("model", "filename"),
+    [(ClusterPolicy, "nvidia.com_clusterpolicies.yaml"),
+     (NVIDIADriver, "nvidia.com_nvidiadrivers.yaml")],
+)  # fmt: skip
+def test_any_instance_validates_against_its_own_schema(
+    model: type[ClusterPolicy] | type[NVIDIADriver], filename: str
+) -> None:
+    validator = jsonschema.Draft7Validator(schema_of(GENERATED[filename]))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(model_strategy(model, 0))
+    def check(raw: dict[str, Any]) -> None:
+        instance = model.model_validate(raw)
+        errors = [e.message for e in validator.iter_errors(instance.to_dict())]
+        assert errors == []
+
+    check()
