@@ -1,0 +1,191 @@
+"""Descriptions of simulated machines: named presets and a small YAML format.
+
+A `MachineSpec` says what a node looks like (GPU models, driver, DMI product name, NVLink, initial
+MIG layout); `gpu_operator.nvml.mock.MockMachine` turns it into live simulated GPUs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+import yaml
+
+from gpu_operator.nvml import catalog
+
+
+class UnknownMachine(LookupError):
+    """No preset with that name."""
+
+
+class MachineFileError(ValueError):
+    """A machine YAML file is unreadable or invalid; the message names the field."""
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class GpuGroup(_Strict):
+    """`count` GPUs of one catalog model, optionally with MIG enabled and a MIG layout."""
+
+    model: str
+    count: int = pydantic.Field(default=1, ge=1, le=64)
+    mig_enabled: bool = pydantic.Field(default=False, alias="migEnabled")
+    mig_devices: tuple[str, ...] = pydantic.Field(default=(), alias="migDevices")
+    pci_class: int | None = pydantic.Field(default=None, alias="pciClass")
+
+    @pydantic.field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        try:
+            catalog.model(value)
+        except KeyError as err:
+            raise ValueError(str(err.args[0])) from None
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _mig_layout(self) -> GpuGroup:
+        gpu = catalog.model(self.model)
+        if self.mig_enabled and not gpu.mig_capable:
+            raise ValueError(f"migEnabled: {self.model} is not MIG capable")
+        if self.mig_devices and not self.mig_enabled:
+            raise ValueError("migDevices: needs migEnabled: true")
+        for name in self.mig_devices:
+            try:
+                gpu.mig_profile(name)
+            except KeyError as err:
+                raise ValueError(f"migDevices: {err.args[0]}") from None
+        return self
+
+
+class Fabric(_Strict):
+    cluster_uuid: str = pydantic.Field(alias="clusterUuid")
+    clique_id: int = pydantic.Field(alias="cliqueId", ge=0)
+
+
+class Vgpu(_Strict):
+    host_driver_version: str = pydantic.Field(alias="hostDriverVersion")
+    host_driver_branch: str = pydantic.Field(alias="hostDriverBranch")
+
+
+class MachineSpec(_Strict):
+    """A whole node: GPUs in index order plus driver and platform facts."""
+
+    name: str
+    product_name: str = pydantic.Field(default="", alias="productName")
+    driver_version: str = pydantic.Field(default="550.54.15", alias="driverVersion")
+    cuda_driver_version: int = pydantic.Field(default=12040, alias="cudaDriverVersion", ge=1000)
+    nvlink: Literal["auto", "none", "nvswitch"] = "auto"
+    seed: int = 0
+    gpus: tuple[GpuGroup, ...] = pydantic.Field(min_length=1)
+    fabric: Fabric | None = None
+    vgpu: Vgpu | None = None
+
+    @property
+    def nvml_version(self) -> str:
+        major = self.cuda_driver_version // 1000
+        return f"{major}.{self.driver_version}"
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(g.count for g in self.gpus)
+
+    def gpu_models(self) -> list[catalog.GpuModel]:
+        """One catalog entry per GPU, in index order."""
+        return [catalog.model(g.model) for g in self.gpus for _ in range(g.count)]
+
+    def has_nvswitch(self) -> bool:
+        """NVSwitch boards: 8 identical NVLink GPUs unless `nvlink` says otherwise."""
+        if self.nvlink != "auto":
+            return self.nvlink == "nvswitch"
+        models = self.gpu_models()
+        return len(models) == 8 and len({m.key for m in models}) == 1 and models[0].nvlink_count > 0
+
+
+def _board(name: str, product: str, model: str, count: int, **extra: object) -> MachineSpec:
+    data: dict[str, object] = {
+        "name": name,
+        "productName": product,
+        "gpus": [{"model": model, "count": count, **extra}],
+    }
+    return MachineSpec.model_validate(data)
+
+
+def _presets() -> dict[str, MachineSpec]:
+    a100 = "A100-SXM4-40GB"
+    presets = [
+        _board("dgx-a100", "NVIDIA DGX A100", a100, 8),
+        _board("dgx-a100-80gb", "NVIDIA DGX A100 80GB", "A100-SXM4-80GB", 8),
+        _board("dgx-h100", "NVIDIA DGX H100", "H100-SXM5-80GB", 8),
+        _board("dgx-h200", "NVIDIA DGX H200", "H200-141GB", 8),
+        _board("hgx-b200", "NVIDIA HGX B200", "B200", 8),
+        _board("t4x4", "ProLiant DL380 Gen10", "T4", 4),
+        _board("l4x8", "PowerEdge R760xa", "L4", 8),
+        _board("a30x4", "PowerEdge R750xa", "A30-24GB", 4),
+        _board("l40sx4", "PowerEdge R760xa", "L40S", 4),
+        _board(
+            "dgx-a100-mig-single",
+            "NVIDIA DGX A100",
+            a100,
+            8,
+            migEnabled=True,
+            migDevices=["1g.5gb"] * 7,
+        ),
+        _board(
+            "dgx-a100-mig-mixed",
+            "NVIDIA DGX A100",
+            a100,
+            8,
+            migEnabled=True,
+            migDevices=["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"],
+        ),
+    ]
+    b200 = presets[4].model_copy(
+        update={"driver_version": "560.28.03", "cuda_driver_version": 12060}
+    )
+    presets[4] = b200
+    return {p.name: p for p in presets}
+
+
+PRESETS: dict[str, MachineSpec] = _presets()
+
+
+def preset(name: str) -> MachineSpec:
+    """The preset called `name`; UnknownMachine lists the known ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        known = ", ".join(sorted(PRESETS))
+        raise UnknownMachine(f"unknown machine {name!r}; known presets: {known}") from None
+
+
+def _error_text(err: pydantic.ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        parts.append(f"{where}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def from_dict(data: object, source: str = "machine") -> MachineSpec:
+    """Validate a machine description (the parsed YAML); errors name the offending field."""
+    if not isinstance(data, dict):
+        raise MachineFileError(f"{source}: expected a mapping at the top level")
+    try:
+        return MachineSpec.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise MachineFileError(f"{source}: {_error_text(err)}") from None
+
+
+def load(path: str | Path) -> MachineSpec:
+    """Read a machine YAML file (format in docs/gpu-layer.md)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as err:
+        raise MachineFileError(f"{p}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise MachineFileError(f"{p}: not valid YAML: {err}") from None
+    return from_dict(data, str(p))

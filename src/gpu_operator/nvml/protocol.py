@@ -1,0 +1,279 @@
+"""What node agents need from NVML, as Protocols and plain records; both backends implement it.
+
+Method names follow nvidia-ml-py (`nvmlDeviceGetMigMode` -> `Device.mig_mode`) so a reader of the
+NVML docs finds the call, and errors are always our `gpu_operator.nvml.errors` types.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpu_operator.nvml.catalog import Placement
+
+__all__ = [
+    "ClockType",
+    "ComputeInstance",
+    "ComputeInstanceInfo",
+    "ComputeInstanceProfileInfo",
+    "Device",
+    "EccCounterType",
+    "EccErrorType",
+    "EventData",
+    "EventSet",
+    "EventType",
+    "FabricInfo",
+    "GpuInstance",
+    "GpuInstanceInfo",
+    "GpuInstanceProfileInfo",
+    "MemoryInfo",
+    "MigDeviceAttributes",
+    "MigMode",
+    "Nvml",
+    "PciInfo",
+    "Placement",
+    "ProcessInfo",
+    "TopologyLevel",
+    "Utilization",
+]
+
+
+class EventType(enum.IntFlag):
+    """NVML event type bits (nvmlEventType*)."""
+
+    SINGLE_BIT_ECC = 0x1
+    DOUBLE_BIT_ECC = 0x2
+    PSTATE = 0x4
+    XID_CRITICAL = 0x8
+    CLOCK = 0x10
+
+
+class ClockType(enum.IntEnum):
+    GRAPHICS = 0
+    SM = 1
+    MEM = 2
+    VIDEO = 3
+
+
+class EccErrorType(enum.IntEnum):
+    CORRECTED = 0
+    UNCORRECTED = 1
+
+
+class EccCounterType(enum.IntEnum):
+    VOLATILE = 0
+    AGGREGATE = 1
+
+
+class TopologyLevel(enum.IntEnum):
+    """How two GPUs are connected over PCIe (nvmlGpuTopologyLevel_t)."""
+
+    INTERNAL = 0
+    SINGLE = 10
+    MULTIPLE = 20
+    HOSTBRIDGE = 30
+    NODE = 40
+    SYSTEM = 50
+
+
+@dataclass(frozen=True)
+class PciInfo:
+    bus_id: str
+    device_id: int
+    subsystem_id: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Framebuffer memory in bytes."""
+
+    total: int
+    free: int
+    used: int
+
+
+@dataclass(frozen=True)
+class MigMode:
+    current: bool
+    pending: bool
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """Percent of time the GPU / memory controller was busy over the last sample period."""
+
+    gpu: int
+    memory: int
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    used_gpu_memory: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """NVLink fabric membership (multi-node NVLink); cluster UUID and clique id."""
+
+    cluster_uuid: str
+    clique_id: int
+    completed: bool
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfileInfo:
+    profile_id: int
+    name: str
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int
+    memory_size_mb: int
+    copy_engine_count: int
+    decoder_count: int
+    encoder_count: int
+    jpeg_count: int
+    ofa_count: int
+    is_p2p_supported: bool
+
+
+@dataclass(frozen=True)
+class ComputeInstanceProfileInfo:
+    profile_id: int
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int
+
+
+@dataclass(frozen=True)
+class GpuInstanceInfo:
+    id: int
+    profile_id: int
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class ComputeInstanceInfo:
+    id: int
+    profile_id: int
+    placement: Placement
+    gpu_instance_id: int
+
+
+@dataclass(frozen=True)
+class MigDeviceAttributes:
+    """nvmlDeviceGetAttributes for a MIG device handle."""
+
+    multiprocessor_count: int
+    shared_copy_engine_count: int
+    shared_decoder_count: int
+    shared_encoder_count: int
+    shared_jpeg_count: int
+    shared_ofa_count: int
+    gpu_instance_slice_count: int
+    compute_instance_slice_count: int
+    memory_size_mb: int
+
+
+@dataclass(frozen=True)
+class EventData:
+    """One event from an event set; GI/CI ids are None for whole-GPU events."""
+
+    device_uuid: str
+    event_type: EventType
+    event_data: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+class ComputeInstance(Protocol):
+    def info(self) -> ComputeInstanceInfo: ...
+    def destroy(self) -> None: ...
+
+
+class GpuInstance(Protocol):
+    def info(self) -> GpuInstanceInfo: ...
+    def compute_instance_profile_info(
+        self, profile_id: int, engine_profile: int = 0
+    ) -> ComputeInstanceProfileInfo: ...
+    def compute_instance_possible_placements(self, profile_id: int) -> list[Placement]: ...
+    def compute_instance_remaining_capacity(self, profile_id: int) -> int: ...
+    def create_compute_instance(
+        self, profile_id: int, placement: Placement | None = None
+    ) -> ComputeInstance: ...
+    def compute_instances(self, profile_id: int) -> list[ComputeInstance]: ...
+    def destroy(self) -> None: ...
+
+
+class Device(Protocol):
+    """A full GPU or a MIG device handle; MIG-only calls raise NotSupported on full GPUs."""
+
+    # Identity
+    def index(self) -> int: ...
+    def name(self) -> str: ...
+    def uuid(self) -> str: ...
+    def pci_info(self) -> PciInfo: ...
+    def pci_class(self) -> int: ...
+    def minor_number(self) -> int: ...
+    def memory_info(self) -> MemoryInfo: ...
+    def cuda_compute_capability(self) -> tuple[int, int]: ...
+    def architecture(self) -> str: ...
+    def brand(self) -> str: ...
+
+    # MIG
+    def is_mig_device(self) -> bool: ...
+    def mig_mode(self) -> MigMode: ...
+    def set_mig_mode(self, enabled: bool) -> None: ...
+    def max_mig_device_count(self) -> int: ...
+    def mig_device_by_index(self, index: int) -> Device: ...
+    def parent(self) -> Device: ...
+    def gpu_instance_id(self) -> int: ...
+    def compute_instance_id(self) -> int: ...
+    def mig_attributes(self) -> MigDeviceAttributes: ...
+    def gpu_instance_profile_info(self, profile_id: int) -> GpuInstanceProfileInfo: ...
+    def gpu_instance_possible_placements(self, profile_id: int) -> list[Placement]: ...
+    def gpu_instance_remaining_capacity(self, profile_id: int) -> int: ...
+    def create_gpu_instance(
+        self, profile_id: int, placement: Placement | None = None
+    ) -> GpuInstance: ...
+    def gpu_instances(self, profile_id: int) -> list[GpuInstance]: ...
+    def gpu_instance_by_id(self, gpu_instance_id: int) -> GpuInstance: ...
+
+    # Telemetry and health
+    def utilization(self) -> Utilization: ...
+    def temperature(self) -> int: ...
+    def power_usage(self) -> int: ...
+    def total_energy_consumption(self) -> int: ...
+    def clock(self, clock_type: ClockType) -> int: ...
+    def total_ecc_errors(self, error_type: EccErrorType, counter_type: EccCounterType) -> int: ...
+    def supported_event_types(self) -> EventType: ...
+    def running_processes(self) -> list[ProcessInfo]: ...
+
+    # Interconnect
+    def nvlink_state(self, link: int) -> bool: ...
+    def nvlink_remote_pci_bus_id(self, link: int) -> str: ...
+    def topology_common_ancestor(self, other: Device) -> TopologyLevel: ...
+    def fabric_info(self) -> FabricInfo: ...
+
+
+class EventSet(Protocol):
+    def register(self, device: Device, event_types: EventType) -> None: ...
+    def wait(self, timeout_ms: int) -> EventData: ...
+    def free(self) -> None: ...
+
+
+class Nvml(Protocol):
+    """The library: versions, device enumeration and event sets."""
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def cuda_driver_version(self) -> int: ...
+    def nvml_version(self) -> str: ...
+    def device_count(self) -> int: ...
+    def device_by_index(self, index: int) -> Device: ...
+    def device_by_uuid(self, uuid: str) -> Device: ...
+    def event_set(self) -> EventSet: ...
