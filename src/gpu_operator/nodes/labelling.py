@@ -1,0 +1,235 @@
+"""Node labelling: from a node's labels and the ClusterPolicy, the label changes for that node.
+
+One node in, one patch out: the controller runs this per node as its own work item, so a label
+change on one node never causes a pass over the whole cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpu_operator.api import ClusterPolicy, enablement, keys
+from gpu_operator.nodes import ledger
+
+# Deploy labels (without the `nvidia.com/gpu.deploy.` prefix) per workload config (reference §4.3).
+CONTAINER_OPERANDS = (
+    "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
+    "dcgm-exporter", "node-status-exporter", "operator-validator", "client",
+)  # fmt: skip
+VM_PASSTHROUGH_OPERANDS = (
+    "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager",
+    "client",
+)  # fmt: skip
+VM_VGPU_OPERANDS = (
+    "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "sandbox-validator",
+    "cc-manager", "client",
+)  # fmt: skip
+MIG_MANAGER = "mig-manager"
+# Keys that belong to the operator whoever wrote them (upstream's contract: it always owns them).
+ALWAYS_OURS = frozenset({keys.GPU_PRESENT})
+_MIG_PRODUCT_HINTS = ("h100", "a100", "a30")
+
+
+@dataclass(frozen=True)
+class LabelPolicy:
+    """What node labelling needs from a ClusterPolicy (None policy: the operator is idle)."""
+
+    sandbox: bool = False
+    default_workload: str = keys.WORKLOAD_CONTAINER
+    kata: bool = False
+    mig_manager: bool = True
+    mig_default_config: str = "all-disabled"
+    upgrade_annotation: bool = False
+
+    @classmethod
+    def from_policy(cls, policy: ClusterPolicy) -> LabelPolicy:
+        spec = policy.spec
+        sandbox = spec.sandboxWorkloads
+        upgrade = spec.driver.upgradePolicy
+        mig_config = spec.migManager.config if spec.migManager else None
+        return cls(
+            sandbox=enablement.sandbox_enabled(spec),
+            default_workload=sandbox.defaultWorkload if sandbox else keys.WORKLOAD_CONTAINER,
+            kata=bool(sandbox and sandbox.mode == "kata"),
+            mig_manager=enablement.is_enabled(spec, "migManager"),
+            mig_default_config=mig_config.default if mig_config else "all-disabled",
+            upgrade_annotation=(
+                enablement.is_enabled(spec, "driver")
+                and not spec.driver.useNvidiaDriverCRD
+                and bool(upgrade and upgrade.autoUpgrade)
+                and not enablement.sandbox_enabled(spec)
+            ),
+        )
+
+
+@dataclass
+class NodePlan:
+    """Label and annotation changes for one node (None removes a key) and what was left alone."""
+
+    labels: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str | None] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.labels and not self.annotations
+
+    def merge_patch(self) -> dict[str, object]:
+        """A JSON merge patch of the node's metadata with these changes."""
+        metadata: dict[str, object] = {}
+        if self.labels:
+            metadata["labels"] = dict(self.labels)
+        if self.annotations:
+            metadata["annotations"] = dict(self.annotations)
+        return {"metadata": metadata} if metadata else {}
+
+
+def has_gpu(labels: Mapping[str, str]) -> bool:
+    """A GPU node per NFD's PCI vendor labels (any of upstream's three spellings)."""
+    return any(labels.get(key) == "true" for key in keys.NFD_GPU_LABELS)
+
+
+def has_nfd(labels: Mapping[str, str]) -> bool:
+    return any(key.startswith(keys.NFD_LABEL_PREFIX) for key in labels)
+
+
+def mig_capable(labels: Mapping[str, str]) -> bool:
+    """MIG capable per GFD's label, else guessed from the product name; never for vGPU guests."""
+    if labels.get(keys.VGPU_HOST_DRIVER_VERSION):
+        return False
+    if keys.MIG_CAPABLE in labels:
+        return labels[keys.MIG_CAPABLE] == "true"
+    product = labels.get(keys.GPU_PRODUCT, "").lower()
+    return any(hint in product for hint in _MIG_PRODUCT_HINTS)
+
+
+def workload_config(labels: Mapping[str, str], policy: LabelPolicy) -> str:
+    """container without sandbox workloads; else the node's valid label or the default."""
+    if not policy.sandbox:
+        return keys.WORKLOAD_CONTAINER
+    value = labels.get(keys.GPU_WORKLOAD_CONFIG, "")
+    return value if value in keys.WORKLOADS else policy.default_workload
+
+
+def deploy_operands(labels: Mapping[str, str], policy: LabelPolicy) -> tuple[str, ...]:
+    """The operands that should run on a GPU node, as deploy-label suffixes."""
+    config = workload_config(labels, policy)
+    if config == keys.WORKLOAD_CONTAINER:
+        operands = CONTAINER_OPERANDS
+        return (*operands, MIG_MANAGER) if mig_capable(labels) else operands
+    if config == keys.WORKLOAD_VM_VGPU:
+        return VM_VGPU_OPERANDS
+    if policy.kata:
+        return tuple(
+            "kata-sandbox-device-plugin" if op == "sandbox-device-plugin" else op
+            for op in VM_PASSTHROUGH_OPERANDS
+        )
+    return VM_PASSTHROUGH_OPERANDS
+
+
+class _Writer:
+    """Accumulates changes while enforcing the ownership rules."""
+
+    def __init__(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+        self.labels = labels
+        self.owned = ledger.read(annotations)
+        self.plan = NodePlan()
+
+    def _ours(self, key: str, current: str | None) -> bool:
+        return key in ALWAYS_OURS or ledger.owns(self.owned, key, current)
+
+    def set(self, key: str, value: str, *, keep_non_empty: bool = False) -> None:
+        current = self.labels.get(key)
+        if current == value:
+            return
+        if current and (keep_non_empty or not self._ours(key, current)):
+            if not self._ours(key, current) and not current.startswith(ledger.PAUSE_PREFIX):
+                self.plan.conflicts.append(
+                    f"{key}={current} was not set by the operator; left as is (wanted {value})"
+                )
+            return
+        self.plan.labels[key] = value
+        self.owned[key] = value
+
+    def remove(self, key: str) -> None:
+        current = self.labels.get(key)
+        if current is None:
+            return
+        if self._ours(key, current):
+            self.plan.labels[key] = None
+            self.owned.pop(key, None)
+        elif key in self.owned:
+            # Someone changed our value: it is theirs now, and we forget it.
+            self.owned.pop(key, None)
+        else:
+            self.plan.conflicts.append(
+                f"{key}={current} was not set by the operator; left in place"
+            )
+
+    def finish(self, annotations: Mapping[str, str]) -> NodePlan:
+        encoded = ledger.encode(self.owned)
+        if annotations.get(ledger.ANNOTATION) != encoded:
+            self.plan.annotations[ledger.ANNOTATION] = encoded
+        return self.plan
+
+
+def _set_annotation(
+    plan: NodePlan, annotations: Mapping[str, str], key: str, value: str | None
+) -> None:
+    if annotations.get(key) != value:
+        plan.annotations[key] = value
+
+
+def plan_node(
+    labels: Mapping[str, str], annotations: Mapping[str, str], policy: LabelPolicy
+) -> NodePlan:
+    """The label changes that bring one node in line with the ClusterPolicy."""
+    writer = _Writer(labels, annotations)
+    deploy_keys = [k for k in labels if k.startswith(keys.DEPLOY_PREFIX)]
+    deploy_keys = [k for k in deploy_keys if k != keys.DEPLOY_OPERANDS]
+    gpu = has_gpu(labels)
+    if gpu:
+        writer.set(keys.GPU_PRESENT, "true")
+    elif keys.GPU_PRESENT in labels:
+        writer.set(keys.GPU_PRESENT, "false")
+    if not gpu or labels.get(keys.DEPLOY_OPERANDS) == "false":
+        for key in deploy_keys:
+            writer.remove(key)
+    else:
+        wanted = {keys.DEPLOY_PREFIX + op for op in deploy_operands(labels, policy)}
+        container = workload_config(labels, policy) == keys.WORKLOAD_CONTAINER
+        for key in deploy_keys:
+            keep_mig = container and key == keys.DEPLOY_PREFIX + MIG_MANAGER
+            if key not in wanted and not keep_mig:
+                writer.remove(key)
+        for key in sorted(wanted):
+            # Non-empty values set by others (pause values, a human's "false") are kept.
+            writer.set(key, "true", keep_non_empty=True)
+        if (
+            container
+            and policy.mig_manager
+            and mig_capable(labels)
+            and keys.MIG_CONFIG not in labels
+            and policy.mig_default_config == "all-disabled"
+        ):
+            writer.set(keys.MIG_CONFIG, "all-disabled")
+    plan = writer.finish(annotations)
+    _set_annotation(
+        plan,
+        annotations,
+        keys.UPGRADE_ENABLED,
+        "true" if gpu and policy.upgrade_annotation else None,
+    )
+    return plan
+
+
+def plan_cleanup(labels: Mapping[str, str], annotations: Mapping[str, str]) -> NodePlan:
+    """Leave a node as the operator found it: remove only the labels it still owns."""
+    writer = _Writer(labels, annotations)
+    for key in list(writer.owned):
+        writer.remove(key)
+    writer.plan.conflicts.clear()  # on uninstall, others' labels are simply not ours to touch
+    plan = writer.finish(annotations)
+    _set_annotation(plan, annotations, keys.UPGRADE_ENABLED, None)
+    return plan
