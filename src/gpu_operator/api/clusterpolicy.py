@@ -437,12 +437,23 @@ class ClusterPolicySpec(K8sModel):
 State = Literal["ignored", "ready", "notReady"]
 
 
+class OperandStateStatus(K8sModel):
+    """One operand state as last observed (not in upstream's status: our per-state summary)."""
+
+    name: str
+    state: Literal["ready", "notReady", "disabled", "failed"]
+    message: str | None = Field(default=None, description="The first concrete problem found.")
+
+
 class ClusterPolicyStatus(K8sModel):
     """Observed state of the GPU software stack."""
 
     state: State
     namespace: str | None = Field(default=None, description="Namespace of the operands.")
     conditions: list[Condition] | None = None
+    states: list[OperandStateStatus] | None = Field(
+        default=None, description="Each operand state and why it is not ready."
+    )
 
 
 class ClusterPolicy(K8sModel):

@@ -1,0 +1,130 @@
+"""From per-state outcomes to the ClusterPolicy status: state, conditions and a readable summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpu_operator.status import conditions
+
+StateOutcome = Literal["ready", "notReady", "disabled", "failed"]
+
+
+@dataclass(frozen=True)
+class StateReport:
+    """How one operand state stands after a pass: its outcome and the first concrete reason."""
+
+    name: str
+    outcome: StateOutcome
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Cluster-wide facts that change what "ready" means."""
+
+    has_nfd: bool = True
+    gpu_nodes: int = 1
+    label_conflicts: int = 0
+
+
+def _not_ready_message(reports: Sequence[StateReport]) -> str:
+    parts = []
+    for report in reports:
+        parts.append(f"{report.name} ({report.message})" if report.message else report.name)
+    return "states not ready: " + "; ".join(parts)
+
+
+def build(
+    reports: Sequence[StateReport],
+    cluster: ClusterView,
+    *,
+    namespace: str,
+    now: str,
+    generation: int | None,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The status subresource for a reconciled ClusterPolicy."""
+    previous_conditions = (previous or {}).get("conditions") or []
+    failed = [r for r in reports if r.outcome == "failed"]
+    waiting = [r for r in reports if r.outcome == "notReady"]
+    if failed:
+        first = failed[0]
+        ready, reason = False, conditions.RECONCILE_FAILED
+        message = f"failed to reconcile {first.name}: {first.message}"
+        if len(failed) > 1:
+            message += f" (and {len(failed) - 1} more: {', '.join(r.name for r in failed[1:])})"
+    elif waiting:
+        driver_only = all(r.name == "state-driver" for r in waiting)
+        ready = False
+        reason = conditions.DRIVER_NOT_READY if driver_only else conditions.OPERAND_NOT_READY
+        message = _not_ready_message(waiting)
+    elif not cluster.has_nfd:
+        ready, reason = True, conditions.NFD_LABELS_MISSING
+        message = "no node carries NFD labels: GPU nodes cannot be detected; is NFD running?"
+    elif cluster.gpu_nodes == 0:
+        ready, reason = True, conditions.NO_GPU_NODES
+        message = "no GPU nodes found; operands will be deployed when one joins"
+    else:
+        ready, reason = True, conditions.RECONCILED
+        message = f"all operand states ready on {cluster.gpu_nodes} GPU node(s)"
+    if ready and cluster.label_conflicts:
+        message += (
+            f"; {cluster.label_conflicts} node label(s) set by someone else were left as they are"
+            " (see events)"
+        )
+    return {
+        "state": "ready" if ready else "notReady",
+        "namespace": namespace,
+        "conditions": conditions.pair(
+            ready=ready,
+            reason=reason,
+            message=message,
+            now=now,
+            generation=generation,
+            previous=previous_conditions,
+        ),
+        "states": [
+            {"name": r.name, "state": r.outcome, **({"message": r.message} if r.message else {})}
+            for r in reports
+        ],
+    }
+
+
+def invalid(
+    problems: Sequence[str], *, namespace: str, now: str, generation: int | None,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Status for a policy the operator refuses to act on; existing operands are left running."""
+    shown = "; ".join(problems[:5]) + (
+        f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    )
+    message = f"invalid ClusterPolicy, nothing was changed: {shown}"
+    return {
+        "state": "notReady",
+        "namespace": namespace,
+        "conditions": conditions.pair(
+            ready=False,
+            reason=conditions.INVALID_SPEC,
+            message=message,
+            now=now,
+            generation=generation,
+            previous=(previous or {}).get("conditions") or [],
+        ),
+    }
+
+
+def ignored(*, active: str, namespace: str, now: str, generation: int | None) -> dict[str, Any]:
+    """Status for every ClusterPolicy but the oldest: only one can be in charge."""
+    return {
+        "state": "ignored",
+        "namespace": namespace,
+        "conditions": conditions.pair(
+            ready=False,
+            reason=conditions.SINGLETON,
+            message=f"ClusterPolicy {active} is older and in charge; this one is ignored",
+            now=now,
+            generation=generation,
+        ),
+    }
