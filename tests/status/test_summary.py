@@ -66,9 +66,13 @@ def test_only_driver_waiting_is_driver_not_ready() -> None:
 
 
 def test_failure_wins_over_waiting() -> None:
-    status = build([StateReport("state-driver", "notReady"),
-                    StateReport("state-dcgm-exporter", "failed", "spec.dcgmExporter: version not set"),
-                    StateReport("gpu-feature-discovery", "failed", "GFD_IMAGE is empty")])  # fmt: skip
+    status = build(
+        [
+            StateReport("state-driver", "notReady"),
+            StateReport("state-dcgm-exporter", "failed", "spec.dcgmExporter: version not set"),
+            StateReport("gpu-feature-discovery", "failed", "GFD_IMAGE is empty"),
+        ]
+    )
     error = condition(status, "Error")
     assert error["reason"] == "ReconcileFailed"
     assert error["message"] == (
