@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(name="kubesim", help="An in-memory Kubernetes API server.", no_args_is_help=True)
@@ -10,6 +14,33 @@ app = typer.Typer(name="kubesim", help="An in-memory Kubernetes API server.", no
 @app.callback()
 def _root() -> None:
     """An in-memory Kubernetes API server for tests and demos."""
+
+
+@app.command()
+def serve(
+    port: int = typer.Option(0, help="TCP port on 127.0.0.1 (0 picks a free one)."),
+    kubeconfig_out: Path | None = typer.Option(None, help="Write a kubeconfig for the server here."),
+    nodes: int = typer.Option(0, min=0, help="Create this many plain worker nodes."),
+    instant: bool = typer.Option(False, help="Kubelet without delays (for scale runs)."),
+) -> None:
+    """Run kubesim until interrupted."""
+    asyncio.run(_serve(port, kubeconfig_out, nodes, instant))
+
+
+async def _serve(port: int, kubeconfig_out: Path | None, nodes: int, instant: bool) -> None:
+    from kubesim.cluster import Cluster
+    from kubesim.controllers.kubelet import KubeletConfig
+
+    config = KubeletConfig(instant=instant, lease_interval=None if instant else 10.0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Cluster(nodes=nodes, port=port, kubeconfig_path=kubeconfig_out, kubelet=config) as sim:
+        typer.echo(f"kubesim serving {sim.url} (kubeconfig: {sim.kubeconfig_path})", err=True)
+        typer.echo(sim.url, err=False)
+        await stop.wait()
+    typer.echo("kubesim stopped", err=True)
 
 
 def main() -> None:

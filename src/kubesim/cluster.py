@@ -1,0 +1,246 @@
+"""The public Python handle: `async with kubesim.Cluster() as sim:` runs a simulated cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from kubesim import errors
+from kubesim.controllers.base import Controller
+from kubesim.controllers.daemonset import DaemonSetController
+from kubesim.controllers.deployment import DeploymentController, ReplicaSetController, Scheduler
+from kubesim.controllers.disruption import DisruptionController
+from kubesim.controllers.garbage_collector import GarbageCollector
+from kubesim.controllers.kubelet import Kubelet, KubeletConfig, PodRunner, RunnerRegistration
+from kubesim.controllers.namespace import NamespaceController
+from kubesim.faults import Faults
+from kubesim.server import ApiServer
+from kubesim.stats import Stats
+from kubesim.store import Store
+
+ALL_CONTROLLERS = (
+    "namespace",
+    "garbage-collector",
+    "daemonset",
+    "deployment",
+    "replicaset",
+    "scheduler",
+    "disruption",
+    "kubelet",
+)
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+def kubeconfig(url: str, name: str = "kubesim") -> dict[str, Any]:
+    """A kubeconfig document for a plain-HTTP kubesim server."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": url}}],
+        "users": [{"name": name, "user": {"token": "kubesim"}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
+        "current-context": name,
+        "preferences": {},
+    }
+
+
+class Cluster:
+    """A running simulated cluster: API server on loopback, store, controllers, faults and stats."""
+
+    def __init__(
+        self,
+        nodes: int = 0,
+        *,
+        kubelet: KubeletConfig | None = None,
+        controllers: Iterable[str] | None = None,
+        version: str = "1.35.0",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        kubeconfig_path: Path | str | None = None,
+        history: int = 10_000,
+        bookmark_interval: float = 5.0,
+        seed: int | None = None,
+    ) -> None:
+        enabled = set(ALL_CONTROLLERS if controllers is None else controllers)
+        unknown = enabled - set(ALL_CONTROLLERS)
+        if unknown:
+            raise ValueError(f"unknown controllers {sorted(unknown)}; choose from {ALL_CONTROLLERS}")
+        self.enabled = enabled
+        self.initial_nodes = nodes
+        self.kubelet_config = kubelet or KubeletConfig()
+        self.host = host
+        self.port = port
+        self.store = Store(history=history)
+        self.stats = Stats()
+        self.faults = Faults(self.store, seed=seed)
+        self.server = ApiServer(
+            self.store, stats=self.stats, faults=self.faults, version=version,
+            bookmark_interval=bookmark_interval,
+        )  # fmt: skip
+        self._requested_kubeconfig = Path(kubeconfig_path) if kubeconfig_path else None
+        self._tempdir: str | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.kubeconfig_path = Path()
+        self.controllers: dict[str, Controller] = {}
+        self.kubelet = Kubelet(self.store, self.kubelet_config)
+
+    async def __aenter__(self) -> Cluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start the API server, write the kubeconfig, create namespaces, start controllers."""
+        self._runner = web.AppRunner(self.server.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+        if self._requested_kubeconfig is not None:
+            self.kubeconfig_path = self._requested_kubeconfig
+        else:
+            self._tempdir = tempfile.mkdtemp(prefix="kubesim-")
+            self.kubeconfig_path = Path(self._tempdir) / "kubeconfig"
+        self.kubeconfig_path.parent.mkdir(parents=True, exist_ok=True)
+        self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.url)))
+        self.kubelet.url = self.url
+        self.kubelet.kubeconfig_path = self.kubeconfig_path
+        ns_rt = self.store.registry.resolve("namespaces")
+        for name in DEFAULT_NAMESPACES:
+            if self.store.peek(ns_rt.key, "", name) is None:
+                self.store.insert(ns_rt, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        factories: dict[str, Callable[[], Controller]] = {
+            "namespace": lambda: NamespaceController(self.store),
+            "garbage-collector": lambda: GarbageCollector(self.store),
+            "daemonset": lambda: DaemonSetController(self.store),
+            "deployment": lambda: DeploymentController(self.store),
+            "replicaset": lambda: ReplicaSetController(self.store),
+            "scheduler": lambda: Scheduler(self.store),
+            "disruption": lambda: DisruptionController(self.store),
+            "kubelet": lambda: self.kubelet,
+        }
+        for name in ALL_CONTROLLERS:
+            if name in self.enabled:
+                controller = factories[name]()
+                self.controllers[name] = controller
+                controller.start()
+        if "kubelet" in self.enabled:
+            self.faults.set_node_loss_handler(
+                lambda node: self.kubelet.set_node_ready(node, False, unreachable=True)
+            )
+        for index in range(self.initial_nodes):
+            self.add_node(f"node-{index + 1}")
+
+    async def stop(self) -> None:
+        """Stop controllers and the server, and remove the temporary kubeconfig."""
+        for controller in reversed(list(self.controllers.values())):
+            await controller.stop()
+        self.controllers.clear()
+        self.store.close_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._tempdir:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir = None
+
+    # ----- nodes ------------------------------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str] | None = None,
+        capacity: dict[str, str] | None = None,
+        node_info: dict[str, str] | None = None,
+        taints: list[dict[str, Any]] | None = None,
+        ready: bool = True,
+    ) -> dict[str, Any]:
+        """Register a node as its kubelet would (status, capacity, nodeInfo, Lease)."""
+        node = self.kubelet.node_object(name, labels, capacity, node_info, taints)
+        stored = self.store.insert(self.store.registry.resolve("nodes"), node)
+        self.kubelet.ensure_lease(name)
+        if not ready:
+            self.kubelet.set_node_ready(name, False)
+        return stored.copy()
+
+    def remove_node(self, name: str) -> None:
+        """Delete a node (its pods are garbage-collected and their runners stopped)."""
+        self.store.delete("nodes", name)
+        with contextlib.suppress(errors.ApiError):
+            self.store.delete("leases.coordination.k8s.io", name, "kube-node-lease")
+
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        """Make a node Ready or NotReady (NotReady stops its pods' runners until Ready again)."""
+        self.kubelet.set_node_ready(name, ready)
+
+    def register_pod_runner(
+        self,
+        runner: PodRunner,
+        *,
+        image: str | None = None,
+        label_selector: str | None = None,
+        container: str | None = None,
+    ) -> RunnerRegistration:
+        """Run `runner` as the program of containers matching an image or pod label selector."""
+        if image is None and label_selector is None:
+            raise ValueError("register a pod runner by image or by label_selector")
+        registration = RunnerRegistration(runner, image, label_selector, container)
+        self.kubelet.register(registration)
+        return registration
+
+    # ----- waiting ----------------------------------------------------------------------------
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 10.0, message: str = "condition"
+    ) -> None:
+        """Wait until `predicate()` holds, re-checking on every store change (and periodically)."""
+        if predicate():
+            return
+        changed = asyncio.Event()
+        unsubscribe = self.store.subscribe(lambda _event: changed.set())
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, 0.05))
+                changed.clear()
+                if predicate():
+                    return
+        finally:
+            unsubscribe()
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every controller's queue is drained."""
+        deadline = time.monotonic() + timeout
+        while True:
+            await asyncio.sleep(0)
+            if all(c.idle.is_set() for c in self.controllers.values()):
+                await asyncio.sleep(0)
+                if all(c.idle.is_set() for c in self.controllers.values()):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("controllers did not settle")
+            await asyncio.wait(
+                [asyncio.ensure_future(c.idle.wait()) for c in self.controllers.values()],
+                timeout=max(0.0, deadline - time.monotonic()),
+            )

@@ -1,0 +1,1 @@
+"""Core controllers that run inside kubesim, reading and writing the store directly."""

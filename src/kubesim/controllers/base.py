@@ -1,0 +1,114 @@
+"""A tiny controller runtime: a coalescing key queue drained by one task, with delayed requeues."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from kubesim import errors
+from kubesim.resources import ResourceType
+from kubesim.store import Event, Store
+
+log = logging.getLogger("kubesim.controllers")
+
+ItemKey = Hashable
+
+
+class Controller:
+    """Subclasses map store events to keys (`on_event`) and converge one key (`reconcile`)."""
+
+    name = "controller"
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._pending: dict[ItemKey, None] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._timers: dict[ItemKey, asyncio.TimerHandle] = {}
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def rt(self, resource: str) -> ResourceType:
+        """A built-in resource type by plural name (`pods`, `daemonsets.apps`)."""
+        return self.store.registry.resolve(resource)
+
+    def start(self) -> None:
+        """Subscribe to the store, queue an initial resync, and start draining."""
+        self._unsubscribe = self.store.subscribe(self._on_event)
+        for key in self.initial_keys():
+            self.enqueue(key)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        """Stop draining and unsubscribe."""
+        if self._unsubscribe:
+            self._unsubscribe()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def initial_keys(self) -> list[ItemKey]:
+        """Keys to reconcile at start-up."""
+        return []
+
+    def on_event(self, event: Event) -> None:
+        """Map a store event to keys via `enqueue`."""
+
+    def reconcile(self, key: Any) -> None:
+        """Converge one key; raise to retry later."""
+
+    def _on_event(self, event: Event) -> None:
+        self.on_event(event)
+
+    def enqueue(self, key: ItemKey) -> None:
+        """Queue a key (coalesced with any pending instance)."""
+        self._pending[key] = None
+        self.idle.clear()
+        self._wake.set()
+
+    def enqueue_after(self, key: ItemKey, delay: float) -> None:
+        """Queue a key after a delay (an earlier pending timer for it wins)."""
+        if delay <= 0:
+            self.enqueue(key)
+            return
+        if key in self._timers:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self.enqueue(key)
+
+        self._timers[key] = loop.call_later(delay, fire)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                self.idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+            batch = list(self._pending)
+            self._pending.clear()
+            for index, key in enumerate(batch):
+                try:
+                    self.reconcile(key)
+                except errors.ApiError as exc:
+                    if exc.code not in (404, 409):
+                        log.warning("%s: reconciling %s failed: %s", self.name, key, exc.message)
+                    self.enqueue_after(key, 0.05)
+                except Exception:
+                    log.exception("%s: reconciling %s crashed", self.name, key)
+                    self.enqueue_after(key, 1.0)
+                if index % 50 == 49:
+                    # Let the API server answer requests during large batches.
+                    await asyncio.sleep(0)
+            await asyncio.sleep(0)

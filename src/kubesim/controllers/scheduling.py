@@ -1,0 +1,176 @@
+"""Node eligibility rules shared by the DaemonSet controller and the scheduler."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from kubesim import selectors
+from kubesim.store import parse_time
+
+# Tolerations the DaemonSet controller adds to every daemon pod.
+DAEMON_TOLERATIONS: tuple[dict[str, Any], ...] = (
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+)
+NETWORK_TOLERATION = {
+    "key": "node.kubernetes.io/network-unavailable",
+    "operator": "Exists",
+    "effect": "NoSchedule",
+}
+
+
+def daemon_tolerations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's tolerations plus the DaemonSet defaults it lacks."""
+    result = list(spec.get("tolerations") or [])
+    extra = list(DAEMON_TOLERATIONS)
+    if spec.get("hostNetwork"):
+        extra.append(NETWORK_TOLERATION)
+    for toleration in extra:
+        if not any(
+            t.get("key") == toleration["key"] and t.get("effect") == toleration["effect"]
+            for t in result
+        ):
+            result.append(dict(toleration))
+    return result
+
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Whether one toleration tolerates one taint (the real matching rules)."""
+    effect = toleration.get("effect")
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key")
+    operator = toleration.get("operator") or "Equal"
+    if not key:
+        return operator == "Exists"
+    if key != taint.get("key"):
+        return False
+    if operator == "Exists":
+        return True
+    return bool(toleration.get("value", "") == taint.get("value", ""))
+
+
+def node_selected(node: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """nodeSelector plus required node affinity (matchExpressions and matchFields)."""
+    labels = node["metadata"].get("labels") or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return False
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not affinity:
+        return True
+    fields = {"metadata.name": node["metadata"]["name"]}
+    for term in affinity.get("nodeSelectorTerms") or []:
+        expressions = term.get("matchExpressions") or []
+        field_exprs = term.get("matchFields") or []
+        if not expressions and not field_exprs:
+            continue
+        if all(selectors.match_node_selector_requirement(e, labels) for e in expressions) and all(
+            selectors.match_node_selector_requirement(e, labels, fields) for e in field_exprs
+        ):
+            return True
+    return False
+
+
+def daemon_placement(node: dict[str, Any], spec: dict[str, Any]) -> tuple[bool, bool]:
+    """(should run, should continue running) for a daemon pod with this spec on this node."""
+    if not node_selected(node, spec):
+        return False, False
+    tolerations = daemon_tolerations(spec)
+    should_run = should_continue = True
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        effect = taint.get("effect")
+        if effect not in ("NoSchedule", "NoExecute"):
+            continue
+        if any(tolerates(t, taint) for t in tolerations):
+            continue
+        should_run = False
+        if effect == "NoExecute":
+            should_continue = False
+    return should_run, should_continue
+
+
+def schedulable(node: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """Whether the scheduler may place an ordinary pod on a node."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        tolerations = spec.get("tolerations") or []
+        taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+        if not any(tolerates(t, taint) for t in tolerations):
+            return False
+    if not node_selected(node, spec):
+        return False
+    if not node_ready(node):
+        return False
+    tolerations = spec.get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(
+            tolerates(t, taint) for t in tolerations
+        ):
+            return False
+    return True
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    """The node's Ready condition is True."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def ready_for(pod: dict[str, Any], min_ready_seconds: int) -> float:
+    """Seconds until a ready pod counts as available (0 when available, -1 when not ready)."""
+    if not pod_ready(pod) or pod["metadata"].get("deletionTimestamp"):
+        return -1
+    if min_ready_seconds <= 0:
+        return 0
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("lastTransitionTime"):
+            since = parse_time(condition["lastTransitionTime"])
+            elapsed = (dt.datetime.now(dt.UTC) - since).total_seconds()
+            return max(0.0, min_ready_seconds - elapsed)
+    return 0
+
+
+def scaled_value(value: Any, total: int, round_up: bool) -> int:
+    """Resolve an int-or-percent (`maxUnavailable: 10%`) against a total."""
+    if isinstance(value, str) and value.endswith("%"):
+        percent = int(value[:-1])
+        amount = total * percent / 100
+        return int(-(-amount // 1)) if round_up else int(amount)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether `uid` is the controller ownerReference of an object."""
+    return any(
+        r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or []
+    )
+
+
+def template_hash(template: Any) -> str:
+    """A short, stable hash of a pod template (the controller-revision-hash / pod-template-hash)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).digest()
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    return "".join(alphabet[b % len(alphabet)] for b in digest[:10])

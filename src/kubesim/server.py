@@ -1,0 +1,610 @@
+"""The HTTP front door: discovery, openapi, CRUD, patch, watch and subresources over aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from kubesim import errors, openapi, patch, schema, selectors, tables
+from kubesim.controllers import disruption
+from kubesim.faults import Faults
+from kubesim.resources import (
+    Registry,
+    ResourceType,
+    discovery_group,
+    discovery_group_list,
+    discovery_resource_list,
+)
+from kubesim.stats import Stats
+from kubesim.store import Stored, Store, dumps, now
+
+log = logging.getLogger("kubesim.server")
+JSON_TYPE = "application/json"
+
+
+@dataclass
+class Target:
+    """A parsed resource URL."""
+
+    rt: ResourceType
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+    @property
+    def stats_name(self) -> str:
+        base = self.rt.qualified
+        return f"{base}/{self.subresource}" if self.subresource else base
+
+
+class ApiServer:
+    """Serves one store over HTTP; routing is done by hand for speed."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        stats: Stats | None = None,
+        faults: Faults | None = None,
+        version: str = "1.35.0",
+        bookmark_interval: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.stats = stats or Stats()
+        self.faults = faults or Faults(store)
+        self.version = version
+        self.bookmark_interval = bookmark_interval
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+        self._streams: set[web.StreamResponse] = set()
+
+    @property
+    def registry(self) -> Registry:
+        return self.store.registry
+
+    # ----- entry point -------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Route one request; every failure becomes a Kubernetes Status body."""
+        try:
+            return await self._route(request)
+        except errors.ApiError as exc:
+            return self._status_response(exc)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug must still answer with a Status, never a traceback
+            log.exception("internal error serving %s %s", request.method, request.path)
+            return self._status_response(errors.ApiError(500, f"internal error: {exc}"))
+
+    def _status_response(self, exc: errors.ApiError) -> web.Response:
+        headers = {}
+        if exc.code == 429:
+            headers["Retry-After"] = str((exc.details or {}).get("retryAfterSeconds", 1))
+        return web.Response(
+            body=dumps(exc.status()), status=exc.code, content_type=JSON_TYPE, headers=headers
+        )
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        path = request.path.rstrip("/") or "/"
+        parts = [p for p in path.split("/") if p]
+        if not parts:
+            return self._json({"paths": ["/api", "/api/v1", "/apis", "/openapi/v3", "/version"]})
+        head = parts[0]
+        if head == "version":
+            return self._json(self._version_info())
+        if head in ("healthz", "readyz", "livez"):
+            return web.Response(text="ok")
+        if head == "openapi":
+            return self._openapi(parts)
+        if head == "api":
+            if len(parts) == 1:
+                return self._json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [
+                            {"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}
+                        ],
+                    }
+                )
+            if parts[1] != "v1":
+                raise errors.ApiError(404, "the server could not find the requested resource")
+            if len(parts) == 2:
+                return self._json(discovery_resource_list(self.registry, "", "v1"))
+            target = self._target("", "v1", parts[2:])
+        elif head == "apis":
+            if len(parts) == 1:
+                return self._json(discovery_group_list(self.registry))
+            groups = self.registry.groups()
+            if parts[1] not in groups:
+                raise errors.ApiError(404, "the server could not find the requested resource")
+            if len(parts) == 2:
+                return self._json(discovery_group(parts[1], groups[parts[1]]))
+            if parts[2] not in groups[parts[1]]:
+                raise errors.ApiError(404, "the server could not find the requested resource")
+            if len(parts) == 3:
+                return self._json(discovery_resource_list(self.registry, parts[1], parts[2]))
+            target = self._target(parts[1], parts[2], parts[3:])
+        else:
+            raise errors.ApiError(404, "the server could not find the requested resource")
+        return await self._resource(request, target)
+
+    def _version_info(self) -> dict[str, Any]:
+        major, minor, *_ = (self.version.split(".") + ["0", "0"])[:3]
+        return {
+            "major": major,
+            "minor": minor,
+            "gitVersion": f"v{self.version}",
+            "gitCommit": "kubesim",
+            "gitTreeState": "clean",
+            "buildDate": "2025-01-01T00:00:00Z",
+            "goVersion": "go1.24.0",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
+
+    def _openapi(self, parts: list[str]) -> web.Response:
+        if len(parts) >= 2 and parts[1] == "v3":
+            if len(parts) == 2:
+                return self._json(openapi.index(self.registry))
+            document = openapi.group_version_document(self.registry, "/".join(parts[2:]))
+            if document is not None:
+                return self._json(document)
+        raise errors.ApiError(404, "the server could not find the requested resource")
+
+    def _target(self, group: str, version: str, rest: list[str]) -> Target:
+        namespace: str | None = None
+        if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+            namespace = rest[1]
+            rest = rest[2:]
+        if len(rest) > 3:
+            raise errors.ApiError(404, "the server could not find the requested resource")
+        rt = self.registry.get(group, version, rest[0])
+        if rt is None:
+            raise errors.ApiError(404, "the server could not find the requested resource")
+        if namespace is not None and not rt.namespaced:
+            raise errors.ApiError(404, "the server could not find the requested resource")
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if sub is not None:
+            allowed = set(rt.extra_subresources)
+            if rt.status_subresource:
+                allowed.add("status")
+            if rt.key == ("", "namespaces"):
+                allowed.add("finalize")
+            if sub not in allowed:
+                raise errors.ApiError(404, "the server could not find the requested resource")
+        return Target(rt, namespace, name, sub)
+
+    def _json(self, body: Any, status: int = 200) -> web.Response:
+        return web.Response(body=dumps(body), status=status, content_type=JSON_TYPE)
+
+    def _object(self, rt: ResourceType, stored: Stored, status: int = 200) -> web.Response:
+        raw = stored.raw
+        if stored.obj.get("apiVersion") != rt.api_version:
+            raw = _reversioned(rt, stored)
+        return web.Response(body=raw, status=status, content_type=JSON_TYPE)
+
+    # ----- resources ---------------------------------------------------------------------------
+
+    async def _resource(self, request: web.Request, target: Target) -> web.StreamResponse:
+        method = request.method
+        query = request.query
+        watch = query.get("watch") in ("true", "1")
+        if method == "GET":
+            verb = "get" if target.name else ("watch" if watch else "list")
+        elif method == "POST":
+            verb = "create"
+        elif method == "PUT":
+            verb = "update"
+        elif method == "PATCH":
+            verb = "patch"
+        elif method == "DELETE":
+            verb = "delete" if target.name else "deletecollection"
+        else:
+            raise errors.ApiError(405, f"method {method} is not supported")
+        self.stats.record(verb, target.stats_name)
+        await self.faults.before(verb, target.stats_name)
+        rt = target.rt
+        if target.namespace is None and rt.namespaced and verb not in ("list", "watch", "deletecollection"):
+            raise errors.ApiError(404, "the server could not find the requested resource")
+        namespace = target.namespace or ""
+        validation = query.get("fieldValidation", "Warn")
+        token = schema.FIELD_VALIDATION.set(validation)
+        pruned: list[str] = []
+        pruned_token = schema.PRUNED.set(pruned)
+        try:
+            response = await self._dispatch(request, target, verb, namespace)
+        finally:
+            schema.FIELD_VALIDATION.reset(token)
+            schema.PRUNED.reset(pruned_token)
+        if pruned and isinstance(response, web.Response):
+            response.headers["Warning"] = ", ".join(
+                f'299 - "unknown field \\"{p}\\""' for p in pruned
+            )
+        return response
+
+    async def _dispatch(
+        self, request: web.Request, target: Target, verb: str, namespace: str
+    ) -> web.StreamResponse:
+        rt = target.rt
+        query = request.query
+        dry_run = query.get("dryRun") == "All"
+        manager = query.get("fieldManager") or _default_manager(request)
+        if verb == "get":
+            assert target.name is not None
+            stored = self.store.peek(rt.key, namespace, target.name)
+            if stored is None:
+                raise errors.not_found(rt.plural, rt.group, target.name)
+            if _wants_table(request):
+                return self._json(tables.table(rt, [stored], self.store.resource_version, query))
+            return self._object(rt, stored)
+        if verb == "list":
+            return self._list(request, target)
+        if verb == "watch":
+            return await self._watch(request, target)
+        if verb == "create":
+            body = patch.decode_body(await request.read(), request.content_type)
+            if target.subresource == "eviction":
+                return self._evict(target, namespace, body)
+            if target.subresource == "binding":
+                return self._bind(target, namespace, body)
+            if target.name is not None:
+                raise errors.ApiError(405, "POST is only allowed on collections")
+            if isinstance(body, dict) and rt.namespaced:
+                meta = body.setdefault("metadata", {})
+                if isinstance(meta, dict):
+                    body_ns = meta.get("namespace")
+                    if body_ns and body_ns != namespace:
+                        raise errors.bad_request(
+                            "the namespace of the provided object does not match the namespace sent on the request"
+                        )  # fmt: skip
+                    meta["namespace"] = namespace
+            _check_api_version(rt, body)
+            stored = self.store.insert(rt, body, manager=manager, dry_run=dry_run)
+            return self._object(rt, stored, 201)
+        assert target.name is not None or verb == "deletecollection"
+        if verb == "update":
+            assert target.name is not None
+            body = patch.decode_body(await request.read(), request.content_type)
+            if target.subresource == "finalize":
+                return self._finalize_namespace(target, body)
+            if isinstance(body, dict) and rt.namespaced and isinstance(body.get("metadata"), dict):
+                body_ns = body["metadata"].get("namespace")
+                if body_ns and body_ns != namespace:
+                    raise errors.bad_request("the namespace of the object does not match the URL")
+            _check_api_version(rt, body)
+            stored = self.store.replace(
+                rt, body, namespace=namespace, name=target.name,
+                subresource=target.subresource, manager=manager, dry_run=dry_run,
+            )  # fmt: skip
+            return self._object(rt, stored)
+        if verb == "patch":
+            return await self._patch(request, target, namespace, manager, dry_run)
+        if verb == "delete":
+            assert target.name is not None
+            options = await self._delete_options(request)
+            stored, _gone = self.store.remove(
+                rt, namespace, target.name,
+                propagation=options.get("propagationPolicy"),
+                grace=options.get("gracePeriodSeconds"),
+                preconditions=options.get("preconditions"),
+                dry_run=dry_run,
+            )  # fmt: skip
+            return self._object(rt, stored)
+        # deletecollection
+        options = await self._delete_options(request)
+        labels = selectors.parse_label_selector(request.query.get("labelSelector"))
+        fields = selectors.parse_field_selector(request.query.get("fieldSelector"))
+        ns_filter = target.namespace if rt.namespaced else None
+        for stored in list(self.store.select(rt, ns_filter, labels, fields)):
+            meta = stored.obj["metadata"]
+            self.store.remove(
+                rt, meta.get("namespace", ""), meta["name"],
+                propagation=options.get("propagationPolicy"),
+                grace=options.get("gracePeriodSeconds"), dry_run=dry_run,
+            )  # fmt: skip
+        return self._json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+
+    async def _delete_options(self, request: web.Request) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        raw = await request.read()
+        if raw:
+            body = patch.decode_body(raw, JSON_TYPE)
+            if not isinstance(body, dict):
+                raise errors.bad_request("DeleteOptions must be an object")
+            options.update(body)
+        query = request.query
+        if "propagationPolicy" in query:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        if "gracePeriodSeconds" in query:
+            try:
+                options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            except ValueError as exc:
+                raise errors.bad_request("gracePeriodSeconds must be an integer") from exc
+        orphan = options.get("orphanDependents", query.get("orphanDependents"))
+        if orphan in (True, "true") and "propagationPolicy" not in options:
+            options["propagationPolicy"] = "Orphan"
+        grace = options.get("gracePeriodSeconds")
+        if grace is not None and not isinstance(grace, int):
+            raise errors.bad_request("gracePeriodSeconds must be an integer")
+        return options
+
+    async def _patch(
+        self, request: web.Request, target: Target, namespace: str, manager: str, dry_run: bool
+    ) -> web.Response:
+        rt = target.rt
+        assert target.name is not None
+        content_type = request.content_type
+        if content_type not in (patch.MERGE, patch.JSON, patch.STRATEGIC, patch.APPLY_YAML):
+            raise errors.ApiError(
+                415, f"the body of the request was in an unknown format - accepted media types include: "
+                f"{patch.JSON}, {patch.MERGE}, {patch.APPLY_YAML}, {patch.STRATEGIC}",
+            )  # fmt: skip
+        body = patch.decode_body(await request.read(), content_type)
+        stored = self.store.peek(rt.key, namespace, target.name)
+        if content_type == patch.APPLY_YAML:
+            if not request.query.get("fieldManager"):
+                raise errors.ApiError(
+                    422, "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: "
+                    "is required for apply patch", reason="Invalid",
+                )  # fmt: skip
+            if isinstance(body, dict):
+                meta = body.get("metadata") or {}
+                if meta.get("name", target.name) != target.name:
+                    raise errors.bad_request("the name of the applied object does not match the URL")
+                if stored is None:
+                    body.setdefault("metadata", {})["name"] = target.name
+                    if rt.namespaced:
+                        body["metadata"]["namespace"] = namespace
+            force = request.query.get("force") in ("true", "1")
+            merged = patch.server_side_apply(
+                rt, stored.copy() if stored else None, body,
+                manager=manager, force=force, subresource=target.subresource, stamp=now(),
+            )  # fmt: skip
+            if stored is None:
+                if target.subresource:
+                    raise errors.not_found(rt.plural, rt.group, target.name)
+                result = self.store.insert(rt, merged, dry_run=dry_run)
+                return self._object(rt, result, 201)
+            result = self.store.replace(
+                rt, merged, namespace=namespace, name=target.name,
+                subresource=target.subresource, dry_run=dry_run, keep_managed_fields=True,
+            )  # fmt: skip
+            return self._object(rt, result)
+        if stored is None:
+            raise errors.not_found(rt.plural, rt.group, target.name)
+        current = stored.copy()
+        if content_type == patch.MERGE:
+            if not isinstance(body, dict):
+                raise errors.bad_request("a merge patch must be a JSON object")
+            merged = patch.merge_patch(current, body)
+        elif content_type == patch.JSON:
+            merged = patch.json_patch(current, body)
+        else:
+            if rt.from_crd:
+                raise errors.ApiError(
+                    415, "strategic merge patch is not supported for custom resources; "
+                    "use a merge patch, a JSON patch or server-side apply",
+                )  # fmt: skip
+            if not isinstance(body, dict):
+                raise errors.bad_request("a strategic merge patch must be a JSON object")
+            merged = patch.strategic_merge_patch(current, body)
+        if not isinstance(merged, dict):
+            raise errors.ApiError(422, "the patched document is not an object", reason="Invalid")
+        result = self.store.replace(
+            rt, merged, namespace=namespace, name=target.name,
+            subresource=target.subresource, manager=manager, dry_run=dry_run,
+        )  # fmt: skip
+        return self._object(rt, result)
+
+    def _list(self, request: web.Request, target: Target) -> web.Response:
+        rt = target.rt
+        query = request.query
+        labels = selectors.parse_label_selector(query.get("labelSelector"))
+        fields = selectors.parse_field_selector(query.get("fieldSelector"))
+        try:
+            limit = int(query.get("limit") or 0)
+        except ValueError as exc:
+            raise errors.bad_request("limit must be an integer") from exc
+        items, rv, token = self.store.list_page(
+            rt, target.namespace, labels, fields, limit, query.get("continue")
+        )
+        if _wants_table(request):
+            return self._json(tables.table(rt, items, rv, query, token))
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if token:
+            meta["continue"] = token
+        head = (
+            b'{"kind":"' + rt.list_kind.encode() + b'","apiVersion":"' + rt.api_version.encode()
+            + b'","metadata":' + dumps(meta) + b',"items":['
+        )  # fmt: skip
+        same_version = all(s.obj.get("apiVersion") == rt.api_version for s in items)
+        raws = [s.raw for s in items] if same_version else [_reversioned(rt, s) for s in items]
+        return web.Response(body=head + b",".join(raws) + b"]}", content_type=JSON_TYPE)
+
+    async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        rt = target.rt
+        query = request.query
+        labels = selectors.parse_label_selector(query.get("labelSelector"))
+        fields = selectors.parse_field_selector(query.get("fieldSelector"))
+        rv_param = query.get("resourceVersion") or ""
+        try:
+            since = int(rv_param) if rv_param not in ("", "0") else None
+        except ValueError as exc:
+            raise errors.bad_request(f"invalid resourceVersion {rv_param!r}") from exc
+        try:
+            timeout = float(query.get("timeoutSeconds") or 0)
+        except ValueError as exc:
+            raise errors.bad_request("timeoutSeconds must be a number") from exc
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        as_table = _wants_table(request)
+        response = web.StreamResponse(headers={"Content-Type": JSON_TYPE})
+        response.enable_chunked_encoding()
+        try:
+            expired = self.faults.take_watch_expiry()
+            if expired:
+                raise errors.gone(f"too old resource version: {rv_param}")
+            watcher = self.store.watch(rt.key, target.namespace, labels, fields, since)
+        except errors.ApiError as exc:
+            # Like the real server: the stream opens, then carries a single ERROR event.
+            await response.prepare(request)
+            await response.write(b'{"type":"ERROR","object":' + dumps(exc.status()) + b"}\n")
+            await response.write_eof()
+            return response
+        await response.prepare(request)
+        self._streams.add(response)
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        next_bookmark = time.monotonic() + self.bookmark_interval
+        try:
+            while True:
+                current = time.monotonic()
+                waits = []
+                if deadline is not None:
+                    waits.append(deadline - current)
+                if bookmarks:
+                    waits.append(next_bookmark - current)
+                wait = max(0.0, min(waits)) if waits else None
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                except TimeoutError:
+                    current = time.monotonic()
+                    if deadline is not None and current >= deadline:
+                        break
+                    if bookmarks and current >= next_bookmark:
+                        next_bookmark = current + self.bookmark_interval
+                        await response.write(self._bookmark(rt))
+                    continue
+                if item is None:
+                    break
+                chunks = [self._event_line(rt, item, as_table, query)]
+                while not watcher.queue.empty():
+                    more = watcher.queue.get_nowait()
+                    if more is None:
+                        watcher.closed = True
+                        break
+                    chunks.append(self._event_line(rt, more, as_table, query))
+                await response.write(b"".join(chunks))
+                if watcher.closed and watcher.queue.empty():
+                    break
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.store.unwatch(watcher)
+            self._streams.discard(response)
+        try:
+            await response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return response
+
+    def _bookmark(self, rt: ResourceType) -> bytes:
+        obj = {
+            "kind": rt.kind,
+            "apiVersion": rt.api_version,
+            "metadata": {"resourceVersion": str(self.store.resource_version)},
+        }
+        return b'{"type":"BOOKMARK","object":' + dumps(obj) + b"}\n"
+
+    def _event_line(
+        self, rt: ResourceType, item: tuple[str, Stored], as_table: bool, query: Any
+    ) -> bytes:
+        event_type, stored = item
+        if as_table:
+            body = dumps(tables.table(rt, [stored], stored.rv, query, None, watch=True))
+        elif stored.obj.get("apiVersion") != rt.api_version:
+            body = _reversioned(rt, stored)
+        else:
+            body = stored.raw
+        return b'{"type":"' + event_type.encode() + b'","object":' + body + b"}\n"
+
+    # ----- subresources ------------------------------------------------------------------------
+
+    def _evict(self, target: Target, namespace: str, body: Any) -> web.Response:
+        assert target.name is not None
+        if not isinstance(body, dict):
+            raise errors.bad_request("an Eviction must be an object")
+        stored = self.store.peek(("", "pods"), namespace, target.name)
+        if stored is None:
+            raise errors.not_found("pods", "", target.name)
+        options = body.get("deleteOptions") or {}
+        if not stored.obj["metadata"].get("deletionTimestamp"):
+            disruption.check_eviction(self.store, stored.obj)
+        self.store.remove(
+            target.rt, namespace, target.name,
+            grace=options.get("gracePeriodSeconds"),
+            preconditions=options.get("preconditions"),
+        )  # fmt: skip
+        return self._json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            status=201,
+        )
+
+    def _bind(self, target: Target, namespace: str, body: Any) -> web.Response:
+        assert target.name is not None
+        node = ((body or {}).get("target") or {}).get("name") if isinstance(body, dict) else None
+        if not node:
+            raise errors.bad_request("a Binding needs target.name")
+        stored = self.store.peek(("", "pods"), namespace, target.name)
+        if stored is None:
+            raise errors.not_found("pods", "", target.name)
+        if (stored.obj.get("spec") or {}).get("nodeName"):
+            raise errors.conflict("pods", "", target.name, "pod is already assigned to a node")
+        obj = stored.copy()
+        obj["spec"]["nodeName"] = node
+        self.store.replace(target.rt, obj, namespace=namespace, name=target.name)
+        return self._json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            status=201,
+        )
+
+    def _finalize_namespace(self, target: Target, body: Any) -> web.Response:
+        assert target.name is not None
+        stored = self.store.peek(("", "namespaces"), "", target.name)
+        if stored is None:
+            raise errors.not_found("namespaces", "", target.name)
+        obj = stored.copy()
+        obj.setdefault("spec", {})["finalizers"] = ((body or {}).get("spec") or {}).get("finalizers") or []
+        if not obj["spec"]["finalizers"]:
+            obj["spec"].pop("finalizers")
+        result = self.store.replace(target.rt, obj, namespace="", name=target.name)
+        return self._object(target.rt, result)
+
+    async def close_streams(self) -> None:
+        """End open watch responses (used on shutdown)."""
+        self.store.close_watches()
+
+
+def _wants_table(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return "as=Table" in accept
+
+
+def _default_manager(request: web.Request) -> str:
+    agent = request.headers.get("User-Agent", "unknown")
+    return agent.split("/", 1)[0].split(" ", 1)[0] or "unknown"
+
+
+def _check_api_version(rt: ResourceType, body: Any) -> None:
+    if not isinstance(body, dict):
+        raise errors.bad_request("the body must be a JSON object")
+    api_version = body.get("apiVersion")
+    if api_version and api_version not in [
+        f"{rt.group}/{v}" if rt.group else v for v in rt.served_versions
+    ]:
+        raise errors.bad_request(
+            f"the API version in the data ({api_version}) does not match the expected API version ({rt.api_version})"
+        )  # fmt: skip
+
+
+def _reversioned(rt: ResourceType, stored: Stored) -> bytes:
+    """An object as seen through another served version of its CRD (no conversion: same shape)."""
+    obj = json.loads(stored.raw)
+    obj["apiVersion"] = rt.api_version
+    return dumps(obj)

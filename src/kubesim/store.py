@@ -1,0 +1,735 @@
+"""The object store: objects as dicts with cached JSON, one global resourceVersion, watch history."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime as dt
+import json
+import random
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+from kubesim import defaults, errors, managed_fields, schema, selectors
+from kubesim.resources import Registry, ResourceType
+
+Key = tuple[str, str]
+ObjKey = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
+CRD_KEY: Key = ("apiextensions.k8s.io", "customresourcedefinitions")
+NAMESPACE_KEY: Key = ("", "namespaces")
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def now() -> str:
+    """The current time in the API's RFC 3339 form (seconds precision)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def timestamp_in(seconds: float) -> str:
+    """An RFC 3339 time `seconds` from now."""
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str) -> dt.datetime:
+    """Parse an RFC 3339 timestamp."""
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def random_suffix(length: int = 5) -> str:
+    """A name suffix drawn from the alphabet the real server uses for generateName."""
+    return "".join(random.choice(_NAME_CHARS) for _ in range(length))
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class Stored:
+    """One object version: the dict (never mutated after commit) and its serialised bytes."""
+
+    __slots__ = ("obj", "raw")
+
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+        self.raw = dumps(obj)
+
+    def copy(self) -> dict[str, Any]:
+        """A private, mutable copy of the object."""
+        result: dict[str, Any] = json.loads(self.raw)
+        return result
+
+    @property
+    def rv(self) -> int:
+        """The resourceVersion as an integer."""
+        return int(self.obj["metadata"].get("resourceVersion") or 0)
+
+
+class Event(NamedTuple):
+    """A committed change: ADDED, MODIFIED or DELETED, with the previous version for MODIFIED."""
+
+    rv: int
+    type: str
+    key: Key
+    new: Stored
+    old: Stored | None
+
+
+class Watcher:
+    """A watch subscription; events that enter or leave its selection become ADDED or DELETED."""
+
+    def __init__(
+        self,
+        key: Key,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+    ) -> None:
+        self.key = key
+        self.namespace = namespace
+        self.labels = labels
+        self.fields = fields
+        self.queue: asyncio.Queue[tuple[str, Stored] | None] = asyncio.Queue()
+        self.closed = False
+
+    def selects(self, obj: dict[str, Any]) -> bool:
+        """Whether an object is inside this watcher's selection."""
+        meta = obj["metadata"]
+        if self.namespace is not None and meta.get("namespace", "") != self.namespace:
+            return False
+        if not self.labels.empty and not self.labels.matches(meta.get("labels")):
+            return False
+        return self.fields.empty or self.fields.matches(obj)
+
+    def translate(self, event: Event) -> tuple[str, Stored] | None:
+        """The event this watcher should see, if any."""
+        new_in = self.selects(event.new.obj)
+        if event.type != "MODIFIED" or event.old is None:
+            return (event.type, event.new) if new_in else None
+        old_in = self.selects(event.old.obj)
+        if new_in and old_in:
+            return ("MODIFIED", event.new)
+        if new_in:
+            return ("ADDED", event.new)
+        if old_in:
+            return ("DELETED", event.new)
+        return None
+
+    def offer(self, event: Event) -> None:
+        """Queue an event if it concerns this watcher."""
+        if self.closed:
+            return
+        translated = self.translate(event)
+        if translated is not None:
+            self.queue.put_nowait(translated)
+
+    def close(self) -> None:
+        """End the watch stream."""
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+
+
+Listener = Callable[[Event], None]
+
+
+class Store:
+    """All objects, the global resourceVersion counter, watch history and in-process listeners."""
+
+    def __init__(self, registry: Registry | None = None, history: int = 10_000) -> None:
+        self.registry = registry or Registry.with_builtins()
+        self._data: dict[Key, dict[ObjKey, Stored]] = {}
+        self._sorted: dict[Key, list[ObjKey]] = {}
+        self._rv = 1
+        self._history: deque[Event] = deque()
+        self._history_limit = history
+        self.compacted_rv = 0
+        self._watchers: dict[Key, set[Watcher]] = {}
+        self._listeners: list[Listener] = []
+        self._dependents: dict[str, set[tuple[Key, str, str]]] = {}
+
+    # ----- low level -------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        """The latest committed resourceVersion."""
+        return self._rv
+
+    def bucket(self, key: Key) -> dict[ObjKey, Stored]:
+        """The objects stored under one resource key."""
+        found = self._data.get(key)
+        if found is None:
+            found = self._data[key] = {}
+        return found
+
+    def peek(self, key: Key, namespace: str, name: str) -> Stored | None:
+        """The stored version of an object, without copying (callers must not mutate it)."""
+        return self.bucket(key).get((namespace, name))
+
+    def scan(self, key: Key, namespace: str | None = None) -> Iterator[Stored]:
+        """Objects under a key in (namespace, name) order."""
+        data = self.bucket(key)
+        order = self._sorted.get(key)
+        if order is None:
+            order = self._sorted[key] = sorted(data)
+        for obj_key in order:
+            if namespace is not None and obj_key[0] != namespace:
+                continue
+            stored = data.get(obj_key)
+            if stored is not None:
+                yield stored
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` synchronously for every committed event; returns an unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def dependents(self, uid: str) -> list[tuple[Key, str, str]]:
+        """Objects whose ownerReferences name `uid`."""
+        return sorted(self._dependents.get(uid, ()))
+
+    def _index_owners(self, key: Key, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        entry_new = set()
+        entry_old = set()
+        if obj is not None:
+            entry_new = {r.get("uid") for r in obj["metadata"].get("ownerReferences") or ()}
+        if old is not None:
+            entry_old = {r.get("uid") for r in old["metadata"].get("ownerReferences") or ()}
+        if entry_new == entry_old:
+            return
+        source = obj if obj is not None else old
+        assert source is not None
+        ident = (key, source["metadata"].get("namespace", ""), source["metadata"]["name"])
+        for uid in entry_old - entry_new:
+            holders = self._dependents.get(uid)
+            if holders is not None:
+                holders.discard(ident)
+                if not holders:
+                    del self._dependents[uid]
+        for uid in entry_new - entry_old:
+            self._dependents.setdefault(uid, set()).add(ident)
+
+    def commit(self, event_type: str, rt: ResourceType, obj: dict[str, Any], old: Stored | None) -> Stored:
+        """Assign the next resourceVersion, store or remove the object, and fan the event out."""
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        stored = Stored(obj)
+        meta = obj["metadata"]
+        obj_key = (meta.get("namespace", ""), meta["name"])
+        data = self.bucket(rt.key)
+        if event_type == "DELETED":
+            data.pop(obj_key, None)
+            self._sorted.pop(rt.key, None)
+            self._index_owners(rt.key, None, old.obj if old else obj)
+        else:
+            if obj_key not in data:
+                self._sorted.pop(rt.key, None)
+            data[obj_key] = stored
+            self._index_owners(rt.key, obj, old.obj if old else None)
+        event = Event(self._rv, event_type, rt.key, stored, old)
+        self._history.append(event)
+        if len(self._history) > self._history_limit:
+            self.compacted_rv = self._history.popleft().rv
+        for watcher in tuple(self._watchers.get(rt.key, ())):
+            watcher.offer(event)
+        if rt.key == CRD_KEY:
+            self._crd_changed(event)
+        for listener in tuple(self._listeners):
+            listener(event)
+        return stored
+
+    def _crd_changed(self, event: Event) -> None:
+        name = event.new.obj["metadata"]["name"]
+        if event.type == "DELETED":
+            for rt in self.registry.crd_types(name)[:1]:
+                for stored in list(self.scan(rt.key)):
+                    gone = stored.copy()
+                    self.commit("DELETED", rt, gone, stored)
+            self.registry.remove_crd(name)
+        else:
+            self.registry.add_crd(event.new.obj)
+
+    # ----- watches ---------------------------------------------------------------------------
+
+    def watch(
+        self,
+        key: Key,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+        since: int | None,
+    ) -> Watcher:
+        """Open a watch; `since=None` replays current objects as ADDED, else history after it."""
+        watcher = Watcher(key, namespace, labels, fields)
+        if since is None:
+            for stored in self.scan(key, namespace):
+                if watcher.selects(stored.obj):
+                    watcher.queue.put_nowait(("ADDED", stored))
+        else:
+            if since < self.compacted_rv:
+                raise errors.gone(f"too old resource version: {since} ({self.compacted_rv})")
+            for event in self._history:
+                if event.rv > since and event.key == key:
+                    watcher.offer(event)
+        self._watchers.setdefault(key, set()).add(watcher)
+        return watcher
+
+    def unwatch(self, watcher: Watcher) -> None:
+        """Forget a watcher."""
+        self._watchers.get(watcher.key, set()).discard(watcher)
+
+    def close_watches(self) -> int:
+        """End every open watch stream (clients reconnect); returns how many were closed."""
+        count = 0
+        for watchers in self._watchers.values():
+            for watcher in list(watchers):
+                watcher.close()
+                count += 1
+            watchers.clear()
+        return count
+
+    def compact(self) -> None:
+        """Drop all watch history, so any watch from an older resourceVersion gets 410 Gone."""
+        self._history.clear()
+        self.compacted_rv = self._rv
+
+    def watcher_count(self) -> int:
+        """How many watches are open."""
+        return sum(len(w) for w in self._watchers.values())
+
+    # ----- semantics -------------------------------------------------------------------------
+
+    def _require_namespace(self, rt: ResourceType, namespace: str) -> None:
+        if not rt.namespaced:
+            return
+        if not namespace:
+            raise errors.bad_request("the namespace of the object must be set")
+        ns = self.peek(NAMESPACE_KEY, "", namespace)
+        if ns is None:
+            raise errors.not_found("namespaces", "", namespace)
+        if ns.obj["metadata"].get("deletionTimestamp"):
+            raise errors.ApiError(
+                403,
+                f"{rt.kind.lower()}s \"{namespace}\" is forbidden: unable to create new content "
+                f"in namespace {namespace} because it is being terminated",
+                reason="Forbidden",
+                details={"name": namespace, "kind": rt.plural},
+            )
+
+    def insert(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        *,
+        manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Stored:
+        """Create an object (takes ownership of `obj`)."""
+        if not isinstance(obj, dict):
+            raise errors.bad_request("the body must be a JSON object")
+        kind = obj.get("kind")
+        if kind and kind != rt.kind:
+            raise errors.bad_request(f"the kind {kind!r} does not match the resource {rt.plural!r}")
+        obj["kind"] = rt.kind
+        obj["apiVersion"] = obj.get("apiVersion") or rt.api_version
+        meta = obj.get("metadata")
+        if meta is None:
+            meta = obj["metadata"] = {}
+        if not isinstance(meta, dict):
+            raise errors.bad_request("metadata must be an object")
+        if meta.get("resourceVersion"):
+            raise errors.invalid(
+                rt.kind, rt.group, meta.get("name", ""),
+                [("metadata.resourceVersion", "must be empty on create")],
+            )  # fmt: skip
+        namespace = meta.get("namespace", "") if rt.namespaced else ""
+        if not rt.namespaced:
+            meta.pop("namespace", None)
+        self._require_namespace(rt, namespace)
+        if not meta.get("name"):
+            prefix = meta.get("generateName")
+            if not prefix:
+                raise errors.invalid(
+                    rt.kind, rt.group, "", [("metadata.name", "Required value: name or generateName is required")]
+                )  # fmt: skip
+            for _ in range(16):
+                candidate = f"{prefix}{random_suffix()}"
+                if self.peek(rt.key, namespace, candidate) is None:
+                    break
+            meta["name"] = candidate
+        defaults.validate_name(rt, meta["name"])
+        if self.peek(rt.key, namespace, meta["name"]) is not None:
+            raise errors.already_exists(rt.plural, rt.group, meta["name"])
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            meta.pop(field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now()
+        if rt.has_generation:
+            meta["generation"] = 1
+        else:
+            meta.pop("generation", None)
+        if rt.status_subresource and not rt.status_on_create:
+            obj.pop("status", None)
+        defaults.apply_create_defaults(rt, obj)
+        if rt.schema is not None:
+            schema.admit(rt, obj)
+        if rt.key == CRD_KEY:
+            _crd_status(obj, None)
+        if manager:
+            managed_fields.record_update(obj, None, manager, obj["apiVersion"], rt.schema, None, now())
+        if dry_run:
+            return Stored(obj)
+        return self.commit("ADDED", rt, obj, None)
+
+    def replace(
+        self,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        *,
+        namespace: str,
+        name: str,
+        subresource: str | None = None,
+        manager: str | None = None,
+        dry_run: bool = False,
+        keep_managed_fields: bool = False,
+    ) -> Stored:
+        """Update an object (PUT semantics; takes ownership of `obj`)."""
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
+            raise errors.bad_request("the body must be a JSON object with object metadata")
+        old = self.peek(rt.key, namespace if rt.namespaced else "", name)
+        if old is None:
+            raise errors.not_found(rt.plural, rt.group, name)
+        kind = obj.get("kind")
+        if kind and kind != rt.kind:
+            raise errors.bad_request(f"the kind {kind!r} does not match the resource {rt.plural!r}")
+        meta = obj.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )  # fmt: skip
+        old_meta = old.obj["metadata"]
+        wanted_rv = meta.get("resourceVersion")
+        if wanted_rv and wanted_rv != old_meta["resourceVersion"]:
+            raise errors.conflict(
+                rt.plural, rt.group, name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )  # fmt: skip
+        if subresource == "status":
+            new = old.copy()
+            if "status" in obj:
+                new["status"] = obj["status"]
+            else:
+                new.pop("status", None)
+            obj = new
+            meta = obj["metadata"]
+        else:
+            obj["kind"] = rt.kind
+            obj["apiVersion"] = obj.get("apiVersion") or old.obj.get("apiVersion", rt.api_version)
+            if rt.status_subresource:
+                if "status" in old.obj:
+                    obj["status"] = old.obj["status"]
+                else:
+                    obj.pop("status", None)
+            for field in ("uid", "creationTimestamp", "namespace", "name", "generation",
+                          "deletionTimestamp", "deletionGracePeriodSeconds"):  # fmt: skip
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+                else:
+                    meta.pop(field, None)
+            if not keep_managed_fields or "managedFields" not in meta:
+                if "managedFields" in old_meta:
+                    meta["managedFields"] = old_meta["managedFields"]
+                else:
+                    meta.pop("managedFields", None)
+            if old_meta.get("deletionTimestamp"):
+                added = set(meta.get("finalizers") or ()) - set(old_meta.get("finalizers") or ())
+                if added:
+                    raise errors.invalid(
+                        rt.kind, rt.group, name,
+                        [("metadata.finalizers", "Forbidden: no new finalizers can be added if the object is being deleted")],
+                    )  # fmt: skip
+            defaults.apply_update_defaults(rt, obj)
+            if rt.schema is not None:
+                schema.admit(rt, obj)
+            if rt.has_generation and _spec_changed(old.obj, obj):
+                meta["generation"] = int(old_meta.get("generation", 1)) + 1
+            if rt.key == CRD_KEY:
+                _crd_status(obj, old.obj)
+        meta["resourceVersion"] = old_meta["resourceVersion"]
+        if manager:
+            managed_fields.record_update(
+                obj, old.obj, manager, obj.get("apiVersion", rt.api_version), rt.schema, subresource, now()
+            )  # fmt: skip
+        if obj == old.obj:
+            return old
+        if dry_run:
+            return Stored(obj)
+        if meta.get("deletionTimestamp") and not _has_finalizers(rt, obj) and not _awaits_kubelet(rt, obj):
+            return self.commit("DELETED", rt, obj, old)
+        return self.commit("MODIFIED", rt, obj, old)
+
+    def remove(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        *,
+        propagation: str | None = None,
+        grace: int | None = None,
+        preconditions: dict[str, Any] | None = None,
+        dry_run: bool = False,
+    ) -> tuple[Stored, bool]:
+        """Delete an object; returns the last version and whether it is gone (vs. pending)."""
+        namespace = namespace if rt.namespaced else ""
+        old = self.peek(rt.key, namespace, name)
+        if old is None:
+            raise errors.not_found(rt.plural, rt.group, name)
+        old_meta = old.obj["metadata"]
+        for field, meta_field in (("uid", "uid"), ("resourceVersion", "resourceVersion")):
+            wanted = (preconditions or {}).get(field)
+            if wanted and wanted != old_meta.get(meta_field):
+                raise errors.conflict(
+                    rt.plural, rt.group, name,
+                    f"Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {old_meta.get(meta_field)}",
+                )  # fmt: skip
+        obj = old.copy()
+        meta = obj["metadata"]
+        finalizers: list[str] = list(meta.get("finalizers") or [])
+        if propagation not in (None, "Orphan", "Background", "Foreground"):
+            raise errors.bad_request(f"invalid propagationPolicy {propagation!r}")
+        if propagation in ("Orphan", "Foreground") and self._dependents.get(old_meta["uid"]):
+            marker = "orphan" if propagation == "Orphan" else "foregroundDeletion"
+            if marker not in finalizers:
+                finalizers.append(marker)
+        if rt.key == NAMESPACE_KEY:
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = now()
+                meta["deletionGracePeriodSeconds"] = 0
+                obj.setdefault("status", {})["phase"] = "Terminating"
+                if finalizers:
+                    meta["finalizers"] = finalizers
+                if dry_run:
+                    return Stored(obj), False
+                return self.commit("MODIFIED", rt, obj, old), False
+            return old, False
+        pending_grace = 0
+        if _awaits_kubelet(rt, obj):
+            spec_grace = int((obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            pending_grace = spec_grace if grace is None else max(0, grace)
+            current = meta.get("deletionGracePeriodSeconds")
+            if current is not None and pending_grace >= int(current) and pending_grace > 0:
+                return old, False
+        if finalizers or pending_grace > 0:
+            if finalizers:
+                meta["finalizers"] = finalizers
+            if not meta.get("deletionTimestamp") or pending_grace < int(
+                meta.get("deletionGracePeriodSeconds") or 0
+            ):
+                meta["deletionTimestamp"] = timestamp_in(pending_grace)
+                meta["deletionGracePeriodSeconds"] = pending_grace
+            if obj == old.obj:
+                return old, False
+            if dry_run:
+                return Stored(obj), False
+            return self.commit("MODIFIED", rt, obj, old), False
+        if dry_run:
+            return Stored(obj), True
+        return self.commit("DELETED", rt, obj, old), True
+
+    def select(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+    ) -> Iterator[Stored]:
+        """Objects of a type matching the selectors, in key order."""
+        for stored in self.scan(rt.key, namespace):
+            meta = stored.obj["metadata"]
+            if not labels.empty and not labels.matches(meta.get("labels")):
+                continue
+            if not fields.empty and not fields.matches(stored.obj):
+                continue
+            yield stored
+
+    def list_page(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+        limit: int = 0,
+        continue_token: str | None = None,
+    ) -> tuple[list[Stored], int, str | None]:
+        """A page of a list: items, the list resourceVersion and the continue token if any."""
+        rv = self._rv
+        start: ObjKey | None = None
+        if continue_token:
+            try:
+                state = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                rv = int(state["rv"])
+                start = (str(state["start"][0]), str(state["start"][1]))
+            except (ValueError, KeyError, TypeError, IndexError, binascii.Error) as exc:
+                raise errors.bad_request("invalid continue token") from exc
+            if rv < self.compacted_rv:
+                raise errors.gone(
+                    "The provided continue parameter is too old to display a consistent list result. "
+                    "You can start a new list without the continue parameter."
+                )
+        items: list[Stored] = []
+        token = None
+        for stored in self.select(rt, namespace, labels, fields):
+            meta = stored.obj["metadata"]
+            if start is not None and (meta.get("namespace", ""), meta["name"]) <= start:
+                continue
+            if limit and len(items) >= limit:
+                last = items[-1].obj["metadata"]
+                state = {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}
+                token = base64.urlsafe_b64encode(dumps(state)).decode()
+                break
+            items.append(stored)
+        return items, rv, token
+
+    # ----- convenience API for Python callers (copies in, copies out) ------------------------
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """A copy of an object, or None; `resource` is a plural, kind or `plural.group`."""
+        rt = self.registry.resolve(resource)
+        stored = self.peek(rt.key, namespace or "" if rt.namespaced else "", name)
+        return stored.copy() if stored else None
+
+    def list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Copies of the matching objects."""
+        rt = self.registry.resolve(resource)
+        found = self.select(
+            rt,
+            namespace if rt.namespaced else None,
+            selectors.parse_label_selector(label_selector),
+            selectors.parse_field_selector(field_selector),
+        )
+        return [stored.copy() for stored in found]
+
+    def count(self, resource: str) -> int:
+        """How many objects of a type are stored."""
+        return len(self.bucket(self.registry.resolve(resource).key))
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create an object from a dict with apiVersion and kind."""
+        rt = self.registry.for_object(obj)
+        return self.insert(rt, json.loads(dumps(obj))).copy()
+
+    def update(self, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
+        """Replace an object (or only its status); a stale resourceVersion raises Conflict."""
+        rt = self.registry.for_object(obj)
+        meta = obj.get("metadata") or {}
+        stored = self.replace(
+            rt,
+            json.loads(dumps(obj)),
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            subresource="status" if status else None,
+        )
+        return stored.copy()
+
+    def patch(
+        self,
+        resource: str,
+        name: str,
+        patch: dict[str, Any],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> dict[str, Any]:
+        """Apply a JSON merge patch to an object (or its status)."""
+        from kubesim import patch as patching
+
+        rt = self.registry.resolve(resource)
+        ns = namespace or "" if rt.namespaced else ""
+        stored = self.peek(rt.key, ns, name)
+        if stored is None:
+            raise errors.not_found(rt.plural, rt.group, name)
+        merged = patching.merge_patch(stored.copy(), patch)
+        result = self.replace(
+            rt, merged, namespace=ns, name=name, subresource="status" if status else None
+        )
+        return result.copy()
+
+    def delete(
+        self,
+        resource: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str | None = None,
+        grace: int | None = None,
+    ) -> bool:
+        """Delete an object; returns True when it is gone now (False when deletion is pending)."""
+        rt = self.registry.resolve(resource)
+        _, gone = self.remove(rt, namespace or "", name, propagation=propagation, grace=grace)
+        return gone
+
+    def iter_all(self) -> Iterable[tuple[Key, Stored]]:
+        """Every stored object (for dumps and memory accounting)."""
+        for key, data in self._data.items():
+            for stored in data.values():
+                yield key, stored
+
+
+def _has_finalizers(rt: ResourceType, obj: dict[str, Any]) -> bool:
+    """Metadata finalizers, plus spec.finalizers for namespaces."""
+    if obj["metadata"].get("finalizers"):
+        return True
+    return rt.key == NAMESPACE_KEY and bool((obj.get("spec") or {}).get("finalizers"))
+
+
+def _spec_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether anything outside metadata and status differs (the generation rule)."""
+    keys = (set(old) | set(new)) - {"metadata", "status", "apiVersion", "kind"}
+    return any(old.get(k) != new.get(k) for k in keys)
+
+
+def _awaits_kubelet(rt: ResourceType, obj: dict[str, Any]) -> bool:
+    """Pods bound to a node and not finished terminate gracefully through the kubelet."""
+    if rt.key != ("", "pods"):
+        return False
+    phase = (obj.get("status") or {}).get("phase")
+    return bool((obj.get("spec") or {}).get("nodeName")) and phase not in ("Succeeded", "Failed")
+
+
+def _crd_status(obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+    """CRD status as the apiextensions controllers set it: names accepted, established."""
+    spec = obj.get("spec") or {}
+    old_conditions = {
+        c.get("type"): c for c in ((old or {}).get("status") or {}).get("conditions") or []
+    }
+    stamp = now()
+    conditions = []
+    for ctype, reason, message in (
+        ("NamesAccepted", "NoConflicts", "no conflicts found"),
+        ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+    ):
+        previous = old_conditions.get(ctype)
+        conditions.append(
+            {
+                "type": ctype,
+                "status": "True",
+                "lastTransitionTime": previous.get("lastTransitionTime", stamp) if previous else stamp,
+                "reason": reason,
+                "message": message,
+            }
+        )
+    names = dict(spec.get("names") or {})
+    names.setdefault("singular", str(names.get("kind", "")).lower())
+    names.setdefault("listKind", f"{names.get('kind', '')}List")
+    storage = [v.get("name") for v in spec.get("versions") or [] if v.get("storage")]
+    obj["status"] = {"conditions": conditions, "acceptedNames": names, "storedVersions": storage}

@@ -1,0 +1,279 @@
+"""Server-side `Table` output (what `kubectl get` asks for), including CRD printer columns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubesim.resources import ResourceType
+from kubesim.store import Stored, parse_time
+
+Column = tuple[str, str, int, Callable[[dict[str, Any]], Any]]
+
+
+def age(obj: dict[str, Any]) -> str:
+    """Human age like kubectl prints it (5s, 3m, 2h, 4d)."""
+    created = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not created:
+        return "<unknown>"
+    return duration((dt.datetime.now(dt.UTC) - parse_time(created)).total_seconds())
+
+
+def duration(seconds: float) -> str:
+    """Short human duration."""
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 3600 * 2:
+        return f"{seconds // 60}m"
+    if seconds < 86400 * 2:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
+def _node_status(obj: dict[str, Any]) -> str:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    text = "Ready" if ready and ready.get("status") == "True" else "NotReady"
+    if ready is None:
+        text = "Unknown"
+    if (obj.get("spec") or {}).get("unschedulable"):
+        text += ",SchedulingDisabled"
+    return text
+
+
+def _node_roles(obj: dict[str, Any]) -> str:
+    prefix = "node-role.kubernetes.io/"
+    roles = sorted(k[len(prefix) :] for k in obj["metadata"].get("labels") or {} if k.startswith(prefix))
+    return ",".join(roles) or "<none>"
+
+
+def _node_address(obj: dict[str, Any]) -> str:
+    for address in (obj.get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP":
+            return str(address.get("address"))
+    return "<none>"
+
+
+def _info(field: str) -> Callable[[dict[str, Any]], str]:
+    return lambda o: str(((o.get("status") or {}).get("nodeInfo") or {}).get(field, "<none>"))
+
+
+def _pod_ready(obj: dict[str, Any]) -> str:
+    statuses = (obj.get("status") or {}).get("containerStatuses") or []
+    total = len((obj.get("spec") or {}).get("containers") or [])
+    ready = sum(1 for s in statuses if s.get("ready"))
+    return f"{ready}/{total}"
+
+
+def pod_status_text(obj: dict[str, Any]) -> str:
+    """The STATUS column of `kubectl get pods`."""
+    if obj["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    status = obj.get("status") or {}
+    inits = (obj.get("spec") or {}).get("initContainers") or []
+    init_statuses = status.get("initContainerStatuses") or []
+    done = sum(1 for s in init_statuses if ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0)
+    if inits and done < len(inits):
+        for s in init_statuses:
+            waiting = (s.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") not in (None, "PodInitializing"):
+                return f"Init:{waiting['reason']}"
+        return f"Init:{done}/{len(inits)}"
+    for s in status.get("containerStatuses") or []:
+        state = s.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason"):
+            return str(waiting["reason"])
+        terminated = state.get("terminated") or {}
+        if terminated.get("reason") and status.get("phase") not in ("Succeeded",):
+            return str(terminated["reason"])
+    return str(status.get("phase") or "Pending")
+
+
+def _restarts(obj: dict[str, Any]) -> int:
+    statuses = (obj.get("status") or {}).get("containerStatuses") or []
+    return sum(int(s.get("restartCount") or 0) for s in statuses)
+
+
+def _status(*path: str) -> Callable[[dict[str, Any]], Any]:
+    def read(obj: dict[str, Any]) -> Any:
+        current: Any = obj
+        for part in path:
+            current = current.get(part) if isinstance(current, dict) else None
+        return 0 if current is None else current
+
+    return read
+
+
+def _selector_text(obj: dict[str, Any]) -> str:
+    selector = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector")
+    return ",".join(f"{k}={v}" for k, v in (selector or {}).items()) or "<none>"
+
+
+NAME: Column = ("Name", "string", 0, _name)
+AGE: Column = ("Age", "string", 0, age)
+
+PRINTERS: dict[str, list[Column]] = {
+    "nodes": [
+        NAME, ("Status", "string", 0, _node_status), ("Roles", "string", 0, _node_roles), AGE,
+        ("Version", "string", 0, _info("kubeletVersion")),
+        ("Internal-IP", "string", 1, _node_address), ("OS-Image", "string", 1, _info("osImage")),
+        ("Kernel-Version", "string", 1, _info("kernelVersion")),
+        ("Container-Runtime", "string", 1, _info("containerRuntimeVersion")),
+    ],
+    "pods": [
+        NAME, ("Ready", "string", 0, _pod_ready), ("Status", "string", 0, pod_status_text),
+        ("Restarts", "integer", 0, _restarts), AGE,
+        ("IP", "string", 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>"),
+        ("Node", "string", 1, lambda o: (o.get("spec") or {}).get("nodeName") or "<none>"),
+    ],
+    "daemonsets": [
+        NAME, ("Desired", "integer", 0, _status("status", "desiredNumberScheduled")),
+        ("Current", "integer", 0, _status("status", "currentNumberScheduled")),
+        ("Ready", "integer", 0, _status("status", "numberReady")),
+        ("Up-to-date", "integer", 0, _status("status", "updatedNumberScheduled")),
+        ("Available", "integer", 0, _status("status", "numberAvailable")),
+        ("Node Selector", "string", 0, _selector_text), AGE,
+    ],
+    "deployments": [
+        NAME,
+        ("Ready", "string", 0, lambda o: f"{_status('status', 'readyReplicas')(o)}/{_status('spec', 'replicas')(o)}"),
+        ("Up-to-date", "integer", 0, _status("status", "updatedReplicas")),
+        ("Available", "integer", 0, _status("status", "availableReplicas")), AGE,
+    ],
+    "namespaces": [NAME, ("Status", "string", 0, lambda o: (o.get("status") or {}).get("phase", "")), AGE],
+    "configmaps": [NAME, ("Data", "integer", 0, lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})), AGE],
+    "poddisruptionbudgets": [
+        NAME,
+        ("Min Available", "string", 0, lambda o: str((o.get("spec") or {}).get("minAvailable", "N/A"))),
+        ("Max Unavailable", "string", 0, lambda o: str((o.get("spec") or {}).get("maxUnavailable", "N/A"))),
+        ("Allowed Disruptions", "integer", 0, _status("status", "disruptionsAllowed")), AGE,
+    ],
+    "customresourcedefinitions": [
+        NAME, ("Created At", "date", 0, lambda o: o["metadata"].get("creationTimestamp", "")),
+    ],
+    "events": [
+        ("Last Seen", "string", 0, lambda o: o.get("lastTimestamp") or o.get("eventTime") or ""),
+        ("Type", "string", 0, lambda o: o.get("type", "")),
+        ("Reason", "string", 0, lambda o: o.get("reason", "")),
+        ("Object", "string", 0, lambda o: f"{(o.get('involvedObject') or {}).get('kind', '').lower()}/{(o.get('involvedObject') or {}).get('name', '')}"),
+        ("Message", "string", 0, lambda o: o.get("message") or o.get("note") or ""),
+    ],
+}  # fmt: skip
+
+
+_SEGMENT = re.compile(r"\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_\-]+)==['\"]([^'\"]*)['\"]\)\]")
+
+
+def json_path(obj: Any, path: str) -> Any:
+    """Evaluate the simple JSONPath used by printer columns (`.a.b[0]`, `[?(@.type=="Ready")]`)."""
+    current = obj
+    for match in _SEGMENT.finditer(path.strip().lstrip("{").rstrip("}")):
+        field, index, filter_key, filter_value = match.groups()
+        if current is None:
+            return None
+        if field is not None:
+            current = current.get(field) if isinstance(current, Mapping) else None
+        elif index is not None:
+            current = current[int(index)] if isinstance(current, list) and int(index) < len(current) else None
+        else:
+            items = current if isinstance(current, list) else []
+            current = next((i for i in items if isinstance(i, Mapping) and str(i.get(filter_key)) == filter_value), None)
+    return current
+
+
+def _crd_columns(rt: ResourceType) -> list[Column]:
+    columns: list[Column] = [NAME]
+    has_age = False
+    for spec in rt.printer_columns:
+        path = str(spec.get("jsonPath", ""))
+        ctype = str(spec.get("type", "string"))
+        if path == ".metadata.creationTimestamp":
+            has_age = True
+        if ctype == "date":
+            columns.append((str(spec.get("name", "")), "string", int(spec.get("priority", 0)),
+                            lambda o, p=path: _date_cell(json_path(o, p))))  # fmt: skip
+        else:
+            columns.append((str(spec.get("name", "")), ctype, int(spec.get("priority", 0)),
+                            lambda o, p=path: _cell(json_path(o, p))))  # fmt: skip
+    if not has_age:
+        columns.append(AGE)
+    return columns
+
+
+def _date_cell(value: Any) -> str:
+    if not value:
+        return "<unknown>"
+    try:
+        return duration((dt.datetime.now(dt.UTC) - parse_time(str(value))).total_seconds())
+    except ValueError:
+        return str(value)
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, dict | list):
+        import json
+
+        return json.dumps(value)
+    return value
+
+
+def columns_for(rt: ResourceType) -> list[Column]:
+    """The printer columns of a type."""
+    if rt.from_crd:
+        return _crd_columns(rt)
+    return PRINTERS.get(rt.plural, [NAME, AGE])
+
+
+def table(
+    rt: ResourceType,
+    items: list[Stored],
+    rv: int,
+    query: Mapping[str, str],
+    continue_token: str | None = None,
+    *,
+    watch: bool = False,
+) -> dict[str, Any]:
+    """A meta.k8s.io/v1 Table of objects; rows carry metadata (or the object with includeObject)."""
+    columns = columns_for(rt)
+    include = query.get("includeObject", "PartialObjectMetadata")
+    rows = []
+    for stored in items:
+        obj = stored.obj
+        if include == "Object":
+            row_object: dict[str, Any] = obj
+        elif include == "None":
+            row_object = {}
+        else:
+            row_object = {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"},
+            }
+        rows.append({"cells": [fn(obj) for _, _, _, fn in columns], "object": row_object})
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if continue_token:
+        meta["continue"] = continue_token
+    definitions = [
+        {"name": name, "type": ctype, "format": "name" if name == "Name" else "", "description": name, "priority": priority}
+        for name, ctype, priority, _ in columns
+    ]  # fmt: skip
+    result: dict[str, Any] = {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": definitions,
+        "rows": rows,
+    }
+    if watch:
+        result["columnDefinitions"] = definitions
+    return result
