@@ -1,0 +1,143 @@
+"""What GPU feature discovery knows about a node, read once from NVML into plain records.
+
+Collecting is the only part that touches NVML; labels are then a pure function of these facts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_operator import nvml
+from gpu_operator.nvml import catalog
+
+log = logging.getLogger(__name__)
+
+_NO_FABRIC = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class MigDeviceFacts:
+    """One MIG device: its profile name (`1g.5gb`, `1g.5gb+me`) and NVML attributes."""
+
+    profile: str
+    memory_mb: int
+    multiprocessors: int
+    slices_gi: int
+    slices_ci: int
+    engines_copy: int
+    engines_decoder: int
+    engines_encoder: int
+    engines_jpeg: int
+    engines_ofa: int
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    name: str
+    memory_mib: int
+    compute_capability: tuple[int, int]
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    pci_class: int | None = catalog.PCI_CLASS_3D
+    fabric: tuple[str, int] | None = None
+    mig_devices: tuple[MigDeviceFacts, ...] = ()
+
+
+@dataclass(frozen=True)
+class VgpuFacts:
+    host_driver_version: str
+    host_driver_branch: str
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    driver_version: str
+    cuda_driver_version: int
+    machine_type: str
+    gpus: tuple[GpuFacts, ...]
+    vgpu: VgpuFacts | None = None
+
+
+def read_machine_type(path: str | Path) -> str:
+    """The DMI product name, or `unknown` when it cannot be read (as upstream)."""
+    try:
+        return Path(path).read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _mig_device(parent: nvml.Device, mig: nvml.Device, total_mib: int) -> MigDeviceFacts:
+    attrs = mig.mig_attributes()
+    gi = parent.gpu_instance_by_id(mig.gpu_instance_id())
+    media = gi.info().profile_id in catalog.MEDIA_EXTENSION_PROFILES
+    profile = catalog.mig_profile_name(
+        attrs.gpu_instance_slice_count,
+        attrs.compute_instance_slice_count,
+        attrs.memory_size_mb,
+        total_mib,
+        media,
+    )
+    return MigDeviceFacts(
+        profile=profile,
+        memory_mb=attrs.memory_size_mb,
+        multiprocessors=attrs.multiprocessor_count,
+        slices_gi=attrs.gpu_instance_slice_count,
+        slices_ci=attrs.compute_instance_slice_count,
+        engines_copy=attrs.shared_copy_engine_count,
+        engines_decoder=attrs.shared_decoder_count,
+        engines_encoder=attrs.shared_encoder_count,
+        engines_jpeg=attrs.shared_jpeg_count,
+        engines_ofa=attrs.shared_ofa_count,
+    )
+
+
+def _gpu(dev: nvml.Device) -> GpuFacts:
+    total_mib = dev.memory_info().total >> 20
+    try:
+        mode = dev.mig_mode()
+        capable, enabled = True, mode.current
+    except nvml.NotSupported:
+        capable, enabled = False, False
+    migs: list[MigDeviceFacts] = []
+    if enabled:
+        for i in range(dev.max_mig_device_count()):
+            try:
+                mig = dev.mig_device_by_index(i)
+            except nvml.NotFound:
+                continue
+            migs.append(_mig_device(dev, mig, total_mib))
+    try:
+        pci_class: int | None = dev.pci_class()
+    except nvml.NvmlError:
+        pci_class = None
+    fabric = None
+    try:
+        info = dev.fabric_info()
+        if info.completed and info.cluster_uuid != _NO_FABRIC:
+            fabric = (info.cluster_uuid, info.clique_id)
+    except nvml.NotSupported:
+        pass
+    return GpuFacts(
+        name=dev.name(),
+        memory_mib=total_mib,
+        compute_capability=dev.cuda_compute_capability(),
+        mig_capable=capable,
+        mig_enabled=enabled,
+        pci_class=pci_class,
+        fabric=fabric,
+        mig_devices=tuple(migs),
+    )
+
+
+def collect(lib: nvml.Nvml, *, machine_type: str, vgpu: VgpuFacts | None = None) -> NodeFacts:
+    """Read every fact the labels need; `lib` must be initialised."""
+    gpus = tuple(_gpu(lib.device_by_index(i)) for i in range(lib.device_count()))
+    return NodeFacts(
+        driver_version=lib.driver_version(),
+        cuda_driver_version=lib.cuda_driver_version(),
+        machine_type=machine_type,
+        gpus=gpus,
+        vgpu=vgpu,
+    )

@@ -1,0 +1,272 @@
+"""The device-plugin/GFD configuration file (upstream `api/config/v1`), shared by node agents.
+
+Parsing keeps upstream's quirks where they change behaviour: `version` must be `v1` (empty means
+v1), resource renames other than `renameByDefault` and device selections other than `all` are
+reset with a warning, and MPS defaults `failRequestsGreaterThanOne` to true.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pydantic
+import yaml
+
+log = logging.getLogger(__name__)
+
+RESOURCE_PREFIX = "nvidia.com/"
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the field."""
+
+
+class MigStrategy(StrEnum):
+    NONE = "none"
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
+class SharingStrategy(StrEnum):
+    NONE = "none"
+    TIME_SLICING = "time-slicing"
+    MPS = "mps"
+
+
+def parse_duration(text: str) -> float | None:
+    """A Go duration (`60s`, `1m30s`) in seconds; `infinite` gives None (label once, then idle)."""
+    value = text.strip()
+    if value == "infinite":
+        return None
+    if not value or _DURATION_PART.sub("", value):
+        raise ValueError(f"invalid duration {text!r}: expected e.g. 60s, 5m or infinite")
+    return sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(value))
+
+
+class _Model(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class _OpenModel(pydantic.BaseModel):
+    # Flag sections grow upstream with every release; unknown flags are ignored, not fatal.
+    model_config = pydantic.ConfigDict(extra="ignore", populate_by_name=True)
+
+
+def _resource_name(value: str) -> str:
+    name = value if value.startswith(RESOURCE_PREFIX) else RESOURCE_PREFIX + value
+    suffix = name[len(RESOURCE_PREFIX) :]
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", suffix) or len(suffix) > 63:
+        raise ValueError(f"invalid resource name {value!r}")
+    return name
+
+
+ResourceName = Annotated[str, pydantic.AfterValidator(_resource_name)]
+
+
+class ReplicatedResource(_Model):
+    name: ResourceName
+    rename: ResourceName | None = None
+    devices: Literal["all"] | Annotated[int, pydantic.Field(gt=0)] | list[str] = "all"
+    replicas: int = pydantic.Field(ge=2)
+
+
+class ReplicatedResources(_Model):
+    rename_by_default: bool = pydantic.Field(default=False, alias="renameByDefault")
+    fail_requests_greater_than_one: bool | None = pydantic.Field(
+        default=None, alias="failRequestsGreaterThanOne"
+    )
+    resources: list[ReplicatedResource] = pydantic.Field(min_length=1)
+
+    def _normalise(self, where: str) -> None:
+        for r in self.resources:
+            if r.rename is not None:
+                log.warning("%s: rename of %s is not yet supported; ignoring it", where, r.name)
+                r.rename = None
+            if r.devices != "all":
+                log.warning("%s: device selection for %s is not yet supported; using all",
+                            where, r.name)  # fmt: skip
+                r.devices = "all"
+            if self.rename_by_default:
+                r.rename = r.name + ".shared"
+
+    def any_replicated(self) -> bool:
+        return any(r.replicas > 1 for r in self.resources)
+
+
+class Sharing(_Model):
+    time_slicing: ReplicatedResources | None = pydantic.Field(default=None, alias="timeSlicing")
+    mps: ReplicatedResources | None = None
+
+    def strategy(self) -> SharingStrategy:
+        if self.mps is not None and self.mps.any_replicated():
+            return SharingStrategy.MPS
+        if self.time_slicing is not None and self.time_slicing.any_replicated():
+            return SharingStrategy.TIME_SLICING
+        return SharingStrategy.NONE
+
+    def replicated(self) -> ReplicatedResources | None:
+        """The resources of the active sharing strategy, if any."""
+        match self.strategy():
+            case SharingStrategy.MPS:
+                return self.mps
+            case SharingStrategy.TIME_SLICING:
+                return self.time_slicing
+        return None
+
+
+class ResourcePattern(_Model):
+    pattern: str
+    name: ResourceName
+
+
+class Resources(_Model):
+    gpus: list[ResourcePattern] = []
+    mig: list[ResourcePattern] = []
+
+
+class PluginFlags(_OpenModel):
+    pass_device_specs: bool = pydantic.Field(default=False, alias="passDeviceSpecs")
+    device_list_strategy: list[Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]] = (
+        pydantic.Field(default=["envvar"], alias="deviceListStrategy")
+    )
+    device_id_strategy: Literal["uuid", "index"] = pydantic.Field(
+        default="uuid", alias="deviceIDStrategy"
+    )
+    cdi_annotation_prefix: str = pydantic.Field(default="cdi.k8s.io/", alias="cdiAnnotationPrefix")
+    nvidia_ctk_path: str = pydantic.Field(default="/usr/bin/nvidia-ctk", alias="nvidiaCTKPath")
+    container_driver_root: str = pydantic.Field(default="/driver-root", alias="containerDriverRoot")
+    shared_devices_allocation_policy: Literal["distributed", "packed"] = pydantic.Field(
+        default="distributed", alias="sharedDevicesAllocationPolicy"
+    )
+
+    @pydantic.field_validator("device_list_strategy", mode="before")
+    @classmethod
+    def _string_or_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class GfdFlags(_OpenModel):
+    oneshot: bool = False
+    no_timestamp: bool = pydantic.Field(default=False, alias="noTimestamp")
+    sleep_interval: str = pydantic.Field(default="60s", alias="sleepInterval")
+    output_file: str = pydantic.Field(
+        default="/etc/kubernetes/node-feature-discovery/features.d/gfd", alias="outputFile"
+    )
+    machine_type_file: str = pydantic.Field(
+        default="/sys/class/dmi/id/product_name", alias="machineTypeFile"
+    )
+    imex_nodes_config_file: str | None = pydantic.Field(default=None, alias="imexNodesConfigFile")
+
+    @pydantic.field_validator("sleep_interval")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def sleep_seconds(self) -> float | None:
+        return parse_duration(self.sleep_interval)
+
+
+class Flags(_OpenModel):
+    mig_strategy: MigStrategy = pydantic.Field(default=MigStrategy.NONE, alias="migStrategy")
+    fail_on_init_error: bool = pydantic.Field(default=True, alias="failOnInitError")
+    nvidia_driver_root: str = pydantic.Field(default="/", alias="nvidiaDriverRoot")
+    nvidia_dev_root: str | None = pydantic.Field(default=None, alias="nvidiaDevRoot")
+    mps_root: str = pydantic.Field(default="", alias="mpsRoot")
+    gds_enabled: bool = pydantic.Field(default=False, alias="gdsEnabled")
+    mofed_enabled: bool = pydantic.Field(default=False, alias="mofedEnabled")
+    gdrcopy_enabled: bool = pydantic.Field(default=False, alias="gdrcopyEnabled")
+    use_node_feature_api: bool = pydantic.Field(default=True, alias="useNodeFeatureAPI")
+    device_discovery_strategy: Literal["auto", "nvml", "tegra", "vfio"] = pydantic.Field(
+        default="auto", alias="deviceDiscoveryStrategy"
+    )
+    plugin: PluginFlags = PluginFlags()
+    gfd: GfdFlags = GfdFlags()
+
+
+class Imex(_Model):
+    channel_ids: list[int] = pydantic.Field(default=[], alias="channelIDs")
+    required: bool = False
+
+    @pydantic.field_validator("channel_ids")
+    @classmethod
+    def _only_channel_zero(cls, value: list[int]) -> list[int]:
+        if value not in ([], [0]):
+            raise ValueError("only [] or [0] are supported")
+        return value
+
+
+class PluginConfig(_Model):
+    """A whole config file; build it with `load`, `parse` or `PluginConfig()` for defaults."""
+
+    version: Literal["v1"] = "v1"
+    flags: Flags = Flags()
+    resources: Resources = Resources()
+    sharing: Sharing = Sharing()
+    imex: Imex = Imex()
+
+    @pydantic.field_validator("version", mode="before")
+    @classmethod
+    def _empty_is_v1(cls, value: Any) -> Any:
+        return "v1" if value in (None, "") else value
+
+    @pydantic.model_validator(mode="after")
+    def _semantics(self) -> PluginConfig:
+        if self.resources.gpus or self.resources.mig:
+            log.warning("resources: custom resource names are not yet supported; ignoring them")
+            self.resources = Resources()
+        if self.sharing.time_slicing is not None:
+            self.sharing.time_slicing._normalise("sharing.timeSlicing")
+        if self.sharing.mps is not None:
+            self.sharing.mps._normalise("sharing.mps")
+            if self.sharing.mps.fail_requests_greater_than_one is None:
+                self.sharing.mps.fail_requests_greater_than_one = True
+        mps = self.sharing.strategy() is SharingStrategy.MPS
+        if mps and self.flags.mig_strategy is MigStrategy.MIXED:
+            raise ValueError("flags.migStrategy: mixed cannot be combined with sharing.mps")
+        return self
+
+
+def _describe(err: pydantic.ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("function-", "literal")))
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def parse(data: Any, source: str = "config") -> PluginConfig:
+    """Validate an already-decoded config document; ConfigError names the offending field."""
+    if data is None:
+        return PluginConfig()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    if data.get("version") not in (None, "", "v1"):
+        raise ConfigError(f"{source}: version: unknown version {data['version']!r} (expected v1)")
+    try:
+        return PluginConfig.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise ConfigError(f"{source}: {_describe(err)}") from None
+
+
+def load(path: str | Path) -> PluginConfig:
+    """Read a YAML or JSON config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read config file: {err.strerror}") from None
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"{p}: not valid YAML or JSON: {err}") from None
+    return parse(data, str(p))

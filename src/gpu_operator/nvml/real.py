@@ -1,0 +1,442 @@
+"""The real backend: the `Nvml` Protocol on nvidia-ml-py (`pynvml`), NVML errors mapped to ours.
+
+pynvml is imported when a `RealNvml` is built, so importing this module never needs the driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from gpu_operator.nvml import errors
+from gpu_operator.nvml import protocol as p
+from gpu_operator.nvml.catalog import Placement
+
+_ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
+_BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+_FABRIC_COMPLETED = 3
+_NO_ID = 0xFFFFFFFF
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class _Calls:
+    """Runs pynvml functions and translates their exceptions into our hierarchy."""
+
+    def __init__(self, lib: ModuleType) -> None:
+        self.lib = lib
+
+    def __call__(self, name: str, *args: Any) -> Any:
+        fn: Callable[..., Any] = getattr(self.lib, name)
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as err:
+            code = int(getattr(err, "value", errors.ERROR_UNKNOWN))
+            cls = errors.class_for_code(code)
+            # Keep our actionable hint for the codes that have one; add NVML's own text.
+            detail = f"{name}: {err}"
+            message = f"{cls.hint} ({detail})" if cls.hint else detail
+            raise errors.from_code(code, message) from None
+
+
+def _load_pynvml() -> ModuleType:
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        raise errors.LibraryNotFound(
+            "NVML library not found: is the NVIDIA driver installed on this node? "
+            "(the nvidia-ml-py package is missing)"
+        ) from None
+
+
+class RealComputeInstance:
+    def __init__(self, call: _Calls, handle: Any, gi_id: int) -> None:
+        self._call = call
+        self._h = handle
+        self._gi_id = gi_id
+
+    def info(self) -> p.ComputeInstanceInfo:
+        info = self._call("nvmlComputeInstanceGetInfo", self._h)
+        pl = Placement(info.placement.start, info.placement.size)
+        return p.ComputeInstanceInfo(info.id, info.profileId, pl, self._gi_id)
+
+    def destroy(self) -> None:
+        self._call("nvmlComputeInstanceDestroy", self._h)
+
+
+class RealGpuInstance:
+    def __init__(self, call: _Calls, handle: Any) -> None:
+        self._call = call
+        self._h = handle
+
+    def info(self) -> p.GpuInstanceInfo:
+        info = self._call("nvmlGpuInstanceGetInfo", self._h)
+        return p.GpuInstanceInfo(
+            info.id, info.profileId, Placement(info.placement.start, info.placement.size)
+        )
+
+    def compute_instance_profile_info(
+        self, profile_id: int, engine_profile: int = 0
+    ) -> p.ComputeInstanceProfileInfo:
+        info = self._call(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo", self._h, profile_id, engine_profile
+        )
+        return p.ComputeInstanceProfileInfo(
+            info.id, info.sliceCount, info.instanceCount, info.multiprocessorCount
+        )
+
+    def compute_instance_possible_placements(self, profile_id: int) -> list[Placement]:
+        lib = self._call.lib
+        info = self.compute_instance_profile_info(profile_id)
+        arr = (lib.c_nvmlComputeInstancePlacement_t * max(1, info.instance_count))()
+        count = ctypes.c_uint(len(arr))
+        self._call(
+            "nvmlGpuInstanceGetComputeInstancePossiblePlacements",
+            self._h,
+            info.profile_id,
+            arr,
+            ctypes.byref(count),
+        )
+        return [Placement(arr[i].start, arr[i].size) for i in range(count.value)]
+
+    def compute_instance_remaining_capacity(self, profile_id: int) -> int:
+        info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", self._h, profile_id, 0)
+        return int(
+            self._call("nvmlGpuInstanceGetComputeInstanceRemainingCapacity", self._h, info.id)
+        )
+
+    def create_compute_instance(
+        self, profile_id: int, placement: Placement | None = None
+    ) -> RealComputeInstance:
+        info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", self._h, profile_id, 0)
+        gi_id = self.info().id
+        if placement is None:
+            h = self._call("nvmlGpuInstanceCreateComputeInstance", self._h, info.id)
+        else:
+            pl = self._call.lib.c_nvmlComputeInstancePlacement_t()
+            pl.start, pl.size = placement.start, placement.size
+            h = self._call(
+                "nvmlGpuInstanceCreateComputeInstanceWithPlacement", self._h, info.id, pl
+            )
+        return RealComputeInstance(self._call, h, gi_id)
+
+    def compute_instances(self, profile_id: int) -> list[p.ComputeInstance]:
+        lib = self._call.lib
+        info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", self._h, profile_id, 0)
+        arr = (lib.c_nvmlComputeInstance_t * max(1, info.instanceCount))()
+        count = ctypes.c_uint(0)
+        self._call("nvmlGpuInstanceGetComputeInstances", self._h, info.id, arr, ctypes.byref(count))
+        gi_id = self.info().id
+        return [RealComputeInstance(self._call, arr[i], gi_id) for i in range(count.value)]
+
+    def destroy(self) -> None:
+        self._call("nvmlGpuInstanceDestroy", self._h)
+
+
+class RealDevice:
+    """A pynvml device handle (full GPU or MIG device)."""
+
+    def __init__(self, call: _Calls, handle: Any) -> None:
+        self._call = call
+        self._h = handle
+
+    def index(self) -> int:
+        return int(self._call("nvmlDeviceGetIndex", self._h))
+
+    def name(self) -> str:
+        return _text(self._call("nvmlDeviceGetName", self._h))
+
+    def uuid(self) -> str:
+        return _text(self._call("nvmlDeviceGetUUID", self._h))
+
+    def pci_info(self) -> p.PciInfo:
+        info = self._call("nvmlDeviceGetPciInfo", self._h)
+        return p.PciInfo(_text(info.busId), int(info.pciDeviceId), int(info.pciSubSystemId))
+
+    def pci_class(self) -> int:
+        # NVML does not report the PCI class; sysfs does (e.g. 0x030200 for a 3D controller).
+        bus = self.pci_info().bus_id.lower()
+        if bus.startswith("0000") and len(bus.split(":")[0]) == 8:
+            bus = bus[4:]
+        try:
+            return int(Path(f"/sys/bus/pci/devices/{bus}/class").read_text(), 16) >> 8
+        except (OSError, ValueError) as err:
+            raise errors.NotSupported(f"cannot read the PCI class of {bus}: {err}") from None
+
+    def minor_number(self) -> int:
+        return int(self._call("nvmlDeviceGetMinorNumber", self._h))
+
+    def memory_info(self) -> p.MemoryInfo:
+        info = self._call("nvmlDeviceGetMemoryInfo", self._h)
+        return p.MemoryInfo(int(info.total), int(info.free), int(info.used))
+
+    def cuda_compute_capability(self) -> tuple[int, int]:
+        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", self._h)
+        return int(major), int(minor)
+
+    def architecture(self) -> str:
+        arch = int(self._call("nvmlDeviceGetArchitecture", self._h))
+        return _ARCHITECTURES.get(arch, "Unknown")
+
+    def brand(self) -> str:
+        return _BRANDS.get(int(self._call("nvmlDeviceGetBrand", self._h)), "Unknown")
+
+    def is_mig_device(self) -> bool:
+        return bool(self._call("nvmlDeviceIsMigDeviceHandle", self._h))
+
+    def mig_mode(self) -> p.MigMode:
+        current, pending = self._call("nvmlDeviceGetMigMode", self._h)
+        return p.MigMode(bool(current), bool(pending))
+
+    def set_mig_mode(self, enabled: bool) -> None:
+        self._call("nvmlDeviceSetMigMode", self._h, 1 if enabled else 0)
+
+    def max_mig_device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetMaxMigDeviceCount", self._h))
+
+    def mig_device_by_index(self, index: int) -> RealDevice:
+        return RealDevice(
+            self._call, self._call("nvmlDeviceGetMigDeviceHandleByIndex", self._h, index)
+        )
+
+    def parent(self) -> RealDevice:
+        h = self._call("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", self._h)
+        return RealDevice(self._call, h)
+
+    def gpu_instance_id(self) -> int:
+        return int(self._call("nvmlDeviceGetGpuInstanceId", self._h))
+
+    def compute_instance_id(self) -> int:
+        return int(self._call("nvmlDeviceGetComputeInstanceId", self._h))
+
+    def mig_attributes(self) -> p.MigDeviceAttributes:
+        a = self._call("nvmlDeviceGetAttributes_v2", self._h)
+        return p.MigDeviceAttributes(
+            multiprocessor_count=a.multiprocessorCount,
+            shared_copy_engine_count=a.sharedCopyEngineCount,
+            shared_decoder_count=a.sharedDecoderCount,
+            shared_encoder_count=a.sharedEncoderCount,
+            shared_jpeg_count=a.sharedJpegCount,
+            shared_ofa_count=a.sharedOfaCount,
+            gpu_instance_slice_count=a.gpuInstanceSliceCount,
+            compute_instance_slice_count=a.computeInstanceSliceCount,
+            memory_size_mb=int(a.memorySizeMB),
+        )
+
+    def gpu_instance_profile_info(self, profile_id: int) -> p.GpuInstanceProfileInfo:
+        i = self._call("nvmlDeviceGetGpuInstanceProfileInfo", self._h, profile_id)
+        return p.GpuInstanceProfileInfo(
+            profile_id=profile_id,
+            name=_text(i.name),
+            slice_count=i.sliceCount,
+            instance_count=i.instanceCount,
+            multiprocessor_count=i.multiprocessorCount,
+            memory_size_mb=int(i.memorySizeMB),
+            copy_engine_count=i.copyEngineCount,
+            decoder_count=i.decoderCount,
+            encoder_count=i.encoderCount,
+            jpeg_count=i.jpegCount,
+            ofa_count=i.ofaCount,
+            is_p2p_supported=bool(i.isP2pSupported),
+        )
+
+    def _gi_profile_id(self, profile_id: int) -> tuple[int, int]:
+        # NVML addresses instances by the profile's internal id, not the enum value.
+        info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", self._h, profile_id)
+        return int(info.id), int(info.instanceCount)
+
+    def gpu_instance_possible_placements(self, profile_id: int) -> list[Placement]:
+        lib = self._call.lib
+        pid, n = self._gi_profile_id(profile_id)
+        arr = (lib.c_nvmlGpuInstancePlacement_t * max(1, n))()
+        count = ctypes.c_uint(len(arr))
+        self._call(
+            "nvmlDeviceGetGpuInstancePossiblePlacements", self._h, pid, arr, ctypes.byref(count)
+        )
+        return [Placement(arr[i].start, arr[i].size) for i in range(count.value)]
+
+    def gpu_instance_remaining_capacity(self, profile_id: int) -> int:
+        pid, _ = self._gi_profile_id(profile_id)
+        return int(self._call("nvmlDeviceGetGpuInstanceRemainingCapacity", self._h, pid))
+
+    def create_gpu_instance(
+        self, profile_id: int, placement: Placement | None = None
+    ) -> RealGpuInstance:
+        pid, _ = self._gi_profile_id(profile_id)
+        if placement is None:
+            return RealGpuInstance(
+                self._call, self._call("nvmlDeviceCreateGpuInstance", self._h, pid)
+            )
+        pl = self._call.lib.c_nvmlGpuInstancePlacement_t()
+        pl.start, pl.size = placement.start, placement.size
+        h = self._call("nvmlDeviceCreateGpuInstanceWithPlacement", self._h, pid, pl)
+        return RealGpuInstance(self._call, h)
+
+    def gpu_instances(self, profile_id: int) -> list[p.GpuInstance]:
+        lib = self._call.lib
+        pid, n = self._gi_profile_id(profile_id)
+        arr = (lib.c_nvmlGpuInstance_t * max(1, n))()
+        count = ctypes.c_uint(0)
+        self._call("nvmlDeviceGetGpuInstances", self._h, pid, arr, ctypes.byref(count))
+        return [RealGpuInstance(self._call, arr[i]) for i in range(count.value)]
+
+    def gpu_instance_by_id(self, gpu_instance_id: int) -> RealGpuInstance:
+        h = self._call("nvmlDeviceGetGpuInstanceById", self._h, gpu_instance_id)
+        return RealGpuInstance(self._call, h)
+
+    def utilization(self) -> p.Utilization:
+        u = self._call("nvmlDeviceGetUtilizationRates", self._h)
+        return p.Utilization(int(u.gpu), int(u.memory))
+
+    def temperature(self) -> int:
+        return int(self._call("nvmlDeviceGetTemperature", self._h, 0))
+
+    def power_usage(self) -> int:
+        return int(self._call("nvmlDeviceGetPowerUsage", self._h))
+
+    def total_energy_consumption(self) -> int:
+        return int(self._call("nvmlDeviceGetTotalEnergyConsumption", self._h))
+
+    def clock(self, clock_type: p.ClockType) -> int:
+        return int(self._call("nvmlDeviceGetClockInfo", self._h, int(clock_type)))
+
+    def total_ecc_errors(self, error_type: p.EccErrorType, counter_type: p.EccCounterType) -> int:
+        return int(
+            self._call("nvmlDeviceGetTotalEccErrors", self._h, int(error_type), int(counter_type))
+        )
+
+    def supported_event_types(self) -> p.EventType:
+        return p.EventType(int(self._call("nvmlDeviceGetSupportedEventTypes", self._h)) & 0x1F)
+
+    def running_processes(self) -> list[p.ProcessInfo]:
+        out = []
+        for proc in self._call("nvmlDeviceGetComputeRunningProcesses", self._h):
+            gi = getattr(proc, "gpuInstanceId", _NO_ID)
+            ci = getattr(proc, "computeInstanceId", _NO_ID)
+            out.append(
+                p.ProcessInfo(
+                    int(proc.pid),
+                    int(proc.usedGpuMemory or 0),
+                    None if gi == _NO_ID else int(gi),
+                    None if ci == _NO_ID else int(ci),
+                )
+            )
+        return out
+
+    def nvlink_state(self, link: int) -> bool:
+        return bool(self._call("nvmlDeviceGetNvLinkState", self._h, link))
+
+    def nvlink_remote_pci_bus_id(self, link: int) -> str:
+        info = self._call("nvmlDeviceGetNvLinkRemotePciInfo", self._h, link)
+        return _text(info.busId)
+
+    def topology_common_ancestor(self, other: p.Device) -> p.TopologyLevel:
+        if not isinstance(other, RealDevice):
+            raise errors.InvalidArgument("device handle belongs to another backend")
+        level = int(self._call("nvmlDeviceGetTopologyCommonAncestor", self._h, other._h))
+        return p.TopologyLevel(level)
+
+    def fabric_info(self) -> p.FabricInfo:
+        lib = self._call.lib
+        info = lib.c_nvmlGpuFabricInfo_t()
+        self._call("nvmlDeviceGetGpuFabricInfo", self._h, ctypes.byref(info))
+        uuid = bytes(info.clusterUuid)
+        text = uuid.hex()
+        cluster = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
+        return p.FabricInfo(cluster, int(info.cliqueId), int(info.state) == _FABRIC_COMPLETED)
+
+
+class RealEventSet:
+    def __init__(self, call: _Calls, handle: Any) -> None:
+        self._call = call
+        self._h = handle
+
+    def register(self, device: p.Device, event_types: p.EventType) -> None:
+        if not isinstance(device, RealDevice):
+            raise errors.InvalidArgument("device handle belongs to another backend")
+        self._call("nvmlDeviceRegisterEvents", device._h, int(event_types), self._h)
+
+    def wait(self, timeout_ms: int) -> p.EventData:
+        data = self._call("nvmlEventSetWait_v2", self._h, timeout_ms)
+        uuid = _text(self._call("nvmlDeviceGetUUID", data.device))
+        gi = int(data.gpuInstanceId)
+        ci = int(data.computeInstanceId)
+        return p.EventData(
+            uuid,
+            p.EventType(int(data.eventType) & 0x1F),
+            int(data.eventData),
+            None if gi == _NO_ID else gi,
+            None if ci == _NO_ID else ci,
+        )
+
+    def free(self) -> None:
+        self._call("nvmlEventSetFree", self._h)
+
+
+class RealNvml:
+    """NVML on this node, through nvidia-ml-py."""
+
+    def __init__(self) -> None:
+        self._call = _Calls(_load_pynvml())
+
+    def init(self) -> None:
+        self._call("nvmlInit")
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def driver_version(self) -> str:
+        return _text(self._call("nvmlSystemGetDriverVersion"))
+
+    def cuda_driver_version(self) -> int:
+        return int(self._call("nvmlSystemGetCudaDriverVersion"))
+
+    def nvml_version(self) -> str:
+        return _text(self._call("nvmlSystemGetNVMLVersion"))
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def device_by_index(self, index: int) -> RealDevice:
+        return RealDevice(self._call, self._call("nvmlDeviceGetHandleByIndex", index))
+
+    def device_by_uuid(self, uuid: str) -> RealDevice:
+        return RealDevice(self._call, self._call("nvmlDeviceGetHandleByUUID", uuid))
+
+    def event_set(self) -> RealEventSet:
+        return RealEventSet(self._call, self._call("nvmlEventSetCreate"))
