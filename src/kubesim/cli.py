@@ -19,7 +19,9 @@ def _root() -> None:
 @app.command()
 def serve(
     port: int = typer.Option(0, help="TCP port on 127.0.0.1 (0 picks a free one)."),
-    kubeconfig_out: Path | None = typer.Option(None, help="Write a kubeconfig for the server here."),
+    kubeconfig_out: Path | None = typer.Option(
+        None, help="Write a kubeconfig for the server here."
+    ),
     nodes: int = typer.Option(0, min=0, help="Create this many plain worker nodes."),
     instant: bool = typer.Option(False, help="Kubelet without delays (for scale runs)."),
 ) -> None:
@@ -36,7 +38,9 @@ async def _serve(port: int, kubeconfig_out: Path | None, nodes: int, instant: bo
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Cluster(nodes=nodes, port=port, kubeconfig_path=kubeconfig_out, kubelet=config) as sim:
+    async with Cluster(
+        nodes=nodes, port=port, kubeconfig_path=kubeconfig_out, kubelet=config
+    ) as sim:
         typer.echo(f"kubesim serving {sim.url} (kubeconfig: {sim.kubeconfig_path})", err=True)
         typer.echo(sim.url, err=False)
         await stop.wait()

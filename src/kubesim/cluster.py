@@ -47,7 +47,9 @@ def kubeconfig(url: str, name: str = "kubesim") -> dict[str, Any]:
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": url}}],
         "users": [{"name": name, "user": {"token": "kubesim"}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
+        "contexts": [
+            {"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}
+        ],
         "current-context": name,
         "preferences": {},
     }
@@ -73,7 +75,9 @@ class Cluster:
         enabled = set(ALL_CONTROLLERS if controllers is None else controllers)
         unknown = enabled - set(ALL_CONTROLLERS)
         if unknown:
-            raise ValueError(f"unknown controllers {sorted(unknown)}; choose from {ALL_CONTROLLERS}")
+            raise ValueError(
+                f"unknown controllers {sorted(unknown)}; choose from {ALL_CONTROLLERS}"
+            )
         self.enabled = enabled
         self.initial_nodes = nodes
         self.kubelet_config = kubelet or KubeletConfig()
@@ -124,7 +128,9 @@ class Cluster:
         ns_rt = self.store.registry.resolve("namespaces")
         for name in DEFAULT_NAMESPACES:
             if self.store.peek(ns_rt.key, "", name) is None:
-                self.store.insert(ns_rt, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+                self.store.insert(
+                    ns_rt, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+                )
         factories: dict[str, Callable[[], Controller]] = {
             "namespace": lambda: NamespaceController(self.store),
             "garbage-collector": lambda: GarbageCollector(self.store),

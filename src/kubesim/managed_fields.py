@@ -303,7 +303,8 @@ def record_update(
     )
     part = "status" if subresource == "status" else None
     if old is None:
-        changed, removed = object_fields(obj, schema, part), {}
+        changed = object_fields(obj, schema, part)
+        removed: FieldSet = {}
     else:
         old_view = {k: v for k, v in old.items() if k != "metadata"}
         new_view = {k: v for k, v in obj.items() if k != "metadata"}

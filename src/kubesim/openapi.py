@@ -7,7 +7,7 @@ from typing import Any
 
 from kubesim.resources import Registry, ResourceType
 
-_WRITE_PARAMS = [
+_WRITE_PARAMS: list[dict[str, Any]] = [
     {"name": "dryRun", "in": "query", "schema": {"type": "string"}, "uniqueItems": True},
     {"name": "fieldManager", "in": "query", "schema": {"type": "string"}, "uniqueItems": True},
     {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}, "uniqueItems": True},
@@ -42,7 +42,9 @@ def group_version_document(registry: Registry, key: str) -> dict[str, Any] | Non
         ref = {"$ref": f"#/components/schemas/{_schema_name(rt)}"}
         response = {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}}}
 
-        def operation(action: str, params: list[dict[str, Any]], rt: ResourceType = rt) -> dict[str, Any]:
+        def operation(
+            action: str, params: list[dict[str, Any]], rt: ResourceType = rt
+        ) -> dict[str, Any]:
             return {
                 "operationId": f"{action}{rt.kind}",
                 "parameters": params,
@@ -58,7 +60,10 @@ def group_version_document(registry: Registry, key: str) -> dict[str, Any] | Non
             "get": operation("list", []),
             "post": operation("post", _WRITE_PARAMS),
         }
-        patch_params = [*_WRITE_PARAMS, {"name": "force", "in": "query", "schema": {"type": "boolean"}}]
+        patch_params: list[dict[str, Any]] = [
+            *_WRITE_PARAMS,
+            {"name": "force", "in": "query", "schema": {"type": "boolean"}},
+        ]
         item = {
             "get": operation("get", []),
             "put": operation("put", _WRITE_PARAMS),
@@ -69,7 +74,9 @@ def group_version_document(registry: Registry, key: str) -> dict[str, Any] | Non
         if rt.status_subresource:
             paths[f"{collection}/{{name}}/status"] = dict(item)
         if rt.from_crd:
-            body = dict(rt.schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+            body = dict(
+                rt.schema or {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            )
             body["x-kubernetes-group-version-kind"] = [gvk]
             schemas[_schema_name(rt)] = body
     return {

@@ -50,7 +50,9 @@ def _resolve(doc: Any, parts: list[str], path: str) -> Any:
         elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
             current = current[int(part)]
         else:
-            raise errors.ApiError(422, f"the server rejected our request: path {path!r} does not exist")
+            raise errors.ApiError(
+                422, f"the server rejected our request: path {path!r} does not exist"
+            )
     return current
 
 
@@ -67,7 +69,9 @@ def _add(doc: Any, parts: list[str], value: Any, path: str) -> Any:
         elif last.isdigit() and int(last) <= len(parent):
             parent.insert(int(last), value)
         else:
-            raise errors.ApiError(422, f"the server rejected our request: invalid index in {path!r}")
+            raise errors.ApiError(
+                422, f"the server rejected our request: invalid index in {path!r}"
+            )
     else:
         raise errors.ApiError(422, f"the server rejected our request: cannot add at {path!r}")
     return doc
@@ -111,7 +115,9 @@ def json_patch(doc: Any, operations: Any) -> Any:
             doc = _add(doc, parts, copy.deepcopy(value), path)
         elif kind == "test":
             if _resolve(doc, parts, path) != op["value"]:
-                raise errors.ApiError(422, f"the server rejected our request: test failed at {path!r}")
+                raise errors.ApiError(
+                    422, f"the server rejected our request: test failed at {path!r}"
+                )
         else:
             raise errors.bad_request(f"unknown JSON patch operation {kind!r}")
     return doc
@@ -275,7 +281,7 @@ def server_side_apply(
             {
                 "reason": "FieldManagerConflict",
                 "message": f'conflict with "{e.get("manager")}"'
-                + (f' using {e.get("apiVersion")}' if e.get("apiVersion") else ""),
+                + (f" using {e.get('apiVersion')}" if e.get("apiVersion") else ""),
                 "field": managed_fields.path_string(p),
             }
             for e, p in conflicts
@@ -322,13 +328,17 @@ def server_side_apply(
         "manager": manager,
         "operation": "Apply",
         "apiVersion": config["apiVersion"],
-        "time": stamp if (mine or {}).get("fieldsV1") != applied else (mine or {}).get("time", stamp),
+        "time": stamp
+        if (mine or {}).get("fieldsV1") != applied
+        else (mine or {}).get("time", stamp),
         "fieldsType": "FieldsV1",
         "fieldsV1": applied,
     }
     if subresource:
         new_entry["subresource"] = subresource
     result["metadata"]["managedFields"] = [new_entry, *others] if applied else others
+    if not isinstance(result, dict):
+        raise errors.bad_request("the applied configuration must be an object")
     return result
 
 
@@ -336,6 +346,12 @@ def decode_body(body: bytes, content_type: str) -> Any:
     """Decode a request body as JSON, or as YAML for apply patches; malformed input is a 400."""
     if not body:
         raise errors.bad_request("the request body is empty")
+    if "protobuf" in content_type or "cbor" in content_type:
+        raise errors.ApiError(
+            415,
+            f"the body of the request was in an unknown format - accepted media types include: "
+            f"application/json, application/yaml (kubesim does not decode {content_type})",
+        )
     if content_type == APPLY_YAML or content_type.endswith("yaml"):
         import yaml
 

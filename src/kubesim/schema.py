@@ -45,7 +45,11 @@ def admit(rt: ResourceType, obj: dict[str, Any]) -> None:
         if field not in obj:
             causes.append((field, "Required value"))
     if pruned and FIELD_VALIDATION.get() == "Strict":
-        causes.extend((p, "field not declared in schema") for p in pruned)
+        unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
+        raise errors.bad_request(
+            f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+            f"strict decoding error: {unknown}"
+        )
     sink = PRUNED.get()
     if sink is not None:
         sink.extend(pruned)
@@ -105,7 +109,11 @@ def _walk(
                         del value[key]
                     continue
                 value[key] = _walk(value[key], sub, f"{path}.{key}", causes, pruned)
-        elif not preserve and expected == "object" and not schema.get("x-kubernetes-embedded-resource"):
+        elif (
+            not preserve
+            and expected == "object"
+            and not schema.get("x-kubernetes-embedded-resource")
+        ):
             for key in list(value):
                 pruned.append(f"{path}.{key}")
                 del value[key]
@@ -115,5 +123,7 @@ def _walk(
     elif isinstance(value, list):
         items = schema.get("items")
         if isinstance(items, dict):
-            value[:] = [_walk(v, items, f"{path}[{i}]", causes, pruned) for i, v in enumerate(value)]
+            value[:] = [
+                _walk(v, items, f"{path}[{i}]", causes, pruned) for i, v in enumerate(value)
+            ]
     return value

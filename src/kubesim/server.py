@@ -212,7 +212,11 @@ class ApiServer:
         self.stats.record(verb, target.stats_name)
         await self.faults.before(verb, target.stats_name)
         rt = target.rt
-        if target.namespace is None and rt.namespaced and verb not in ("list", "watch", "deletecollection"):
+        if (
+            target.namespace is None
+            and rt.namespaced
+            and verb not in ("list", "watch", "deletecollection")
+        ):
             raise errors.ApiError(404, "the server could not find the requested resource")
         namespace = target.namespace or ""
         validation = query.get("fieldValidation", "Warn")
@@ -310,7 +314,9 @@ class ApiServer:
                 propagation=options.get("propagationPolicy"),
                 grace=options.get("gracePeriodSeconds"), dry_run=dry_run,
             )  # fmt: skip
-        return self._json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+        return self._json(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        )
 
     async def _delete_options(self, request: web.Request) -> dict[str, Any]:
         options: dict[str, Any] = {}
@@ -358,7 +364,9 @@ class ApiServer:
             if isinstance(body, dict):
                 meta = body.get("metadata") or {}
                 if meta.get("name", target.name) != target.name:
-                    raise errors.bad_request("the name of the applied object does not match the URL")
+                    raise errors.bad_request(
+                        "the name of the applied object does not match the URL"
+                    )
                 if stored is None:
                     body.setdefault("metadata", {})["name"] = target.name
                     if rt.namespaced:
@@ -542,7 +550,13 @@ class ApiServer:
             preconditions=options.get("preconditions"),
         )  # fmt: skip
         return self._json(
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
             status=201,
         )
 
@@ -560,7 +574,13 @@ class ApiServer:
         obj["spec"]["nodeName"] = node
         self.store.replace(target.rt, obj, namespace=namespace, name=target.name)
         return self._json(
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            },
             status=201,
         )
 
@@ -570,7 +590,9 @@ class ApiServer:
         if stored is None:
             raise errors.not_found("namespaces", "", target.name)
         obj = stored.copy()
-        obj.setdefault("spec", {})["finalizers"] = ((body or {}).get("spec") or {}).get("finalizers") or []
+        obj.setdefault("spec", {})["finalizers"] = ((body or {}).get("spec") or {}).get(
+            "finalizers"
+        ) or []
         if not obj["spec"]["finalizers"]:
             obj["spec"].pop("finalizers")
         result = self.store.replace(target.rt, obj, namespace="", name=target.name)

@@ -192,7 +192,9 @@ class Store:
         """Objects whose ownerReferences name `uid`."""
         return sorted(self._dependents.get(uid, ()))
 
-    def _index_owners(self, key: Key, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+    def _index_owners(
+        self, key: Key, obj: dict[str, Any] | None, old: dict[str, Any] | None
+    ) -> None:
         entry_new = set()
         entry_old = set()
         if obj is not None:
@@ -213,7 +215,9 @@ class Store:
         for uid in entry_new - entry_old:
             self._dependents.setdefault(uid, set()).add(ident)
 
-    def commit(self, event_type: str, rt: ResourceType, obj: dict[str, Any], old: Stored | None) -> Stored:
+    def commit(
+        self, event_type: str, rt: ResourceType, obj: dict[str, Any], old: Stored | None
+    ) -> Stored:
         """Assign the next resourceVersion, store or remove the object, and fan the event out."""
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
@@ -314,7 +318,7 @@ class Store:
         if ns.obj["metadata"].get("deletionTimestamp"):
             raise errors.ApiError(
                 403,
-                f"{rt.kind.lower()}s \"{namespace}\" is forbidden: unable to create new content "
+                f'{rt.kind.lower()}s "{namespace}" is forbidden: unable to create new content '
                 f"in namespace {namespace} because it is being terminated",
                 reason="Forbidden",
                 details={"name": namespace, "kind": rt.plural},
@@ -380,7 +384,9 @@ class Store:
         if rt.key == CRD_KEY:
             _crd_status(obj, None)
         if manager:
-            managed_fields.record_update(obj, None, manager, obj["apiVersion"], rt.schema, None, now())
+            managed_fields.record_update(
+                obj, None, manager, obj["apiVersion"], rt.schema, None, now()
+            )
         if dry_run:
             return Stored(obj)
         return self.commit("ADDED", rt, obj, None)
@@ -468,7 +474,11 @@ class Store:
             return old
         if dry_run:
             return Stored(obj)
-        if meta.get("deletionTimestamp") and not _has_finalizers(rt, obj) and not _awaits_kubelet(rt, obj):
+        if (
+            meta.get("deletionTimestamp")
+            and not _has_finalizers(rt, obj)
+            and not _awaits_kubelet(rt, obj)
+        ):
             return self.commit("DELETED", rt, obj, old)
         return self.commit("MODIFIED", rt, obj, old)
 
@@ -723,7 +733,9 @@ def _crd_status(obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             {
                 "type": ctype,
                 "status": "True",
-                "lastTransitionTime": previous.get("lastTransitionTime", stamp) if previous else stamp,
+                "lastTransitionTime": previous.get("lastTransitionTime", stamp)
+                if previous
+                else stamp,
                 "reason": reason,
                 "message": message,
             }

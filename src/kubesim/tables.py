@@ -50,7 +50,9 @@ def _node_status(obj: dict[str, Any]) -> str:
 
 def _node_roles(obj: dict[str, Any]) -> str:
     prefix = "node-role.kubernetes.io/"
-    roles = sorted(k[len(prefix) :] for k in obj["metadata"].get("labels") or {} if k.startswith(prefix))
+    roles = sorted(
+        k[len(prefix) :] for k in obj["metadata"].get("labels") or {} if k.startswith(prefix)
+    )
     return ",".join(roles) or "<none>"
 
 
@@ -79,7 +81,11 @@ def pod_status_text(obj: dict[str, Any]) -> str:
     status = obj.get("status") or {}
     inits = (obj.get("spec") or {}).get("initContainers") or []
     init_statuses = status.get("initContainerStatuses") or []
-    done = sum(1 for s in init_statuses if ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0)
+    done = sum(
+        1
+        for s in init_statuses
+        if ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
+    )
     if inits and done < len(inits):
         for s in init_statuses:
             waiting = (s.get("state") or {}).get("waiting") or {}
@@ -113,7 +119,9 @@ def _status(*path: str) -> Callable[[dict[str, Any]], Any]:
 
 
 def _selector_text(obj: dict[str, Any]) -> str:
-    selector = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector")
+    selector = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "nodeSelector"
+    )
     return ",".join(f"{k}={v}" for k, v in (selector or {}).items()) or "<none>"
 
 
@@ -148,6 +156,11 @@ PRINTERS: dict[str, list[Column]] = {
         ("Up-to-date", "integer", 0, _status("status", "updatedReplicas")),
         ("Available", "integer", 0, _status("status", "availableReplicas")), AGE,
     ],
+    "replicasets": [
+        NAME, ("Desired", "integer", 0, _status("spec", "replicas")),
+        ("Current", "integer", 0, _status("status", "replicas")),
+        ("Ready", "integer", 0, _status("status", "readyReplicas")), AGE,
+    ],
     "namespaces": [NAME, ("Status", "string", 0, lambda o: (o.get("status") or {}).get("phase", "")), AGE],
     "configmaps": [NAME, ("Data", "integer", 0, lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})), AGE],
     "poddisruptionbudgets": [
@@ -169,7 +182,9 @@ PRINTERS: dict[str, list[Column]] = {
 }  # fmt: skip
 
 
-_SEGMENT = re.compile(r"\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_\-]+)==['\"]([^'\"]*)['\"]\)\]")
+_SEGMENT = re.compile(
+    r"\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\[\?\(@\.([A-Za-z0-9_\-]+)==['\"]([^'\"]*)['\"]\)\]"
+)
 
 
 def json_path(obj: Any, path: str) -> Any:
@@ -182,10 +197,21 @@ def json_path(obj: Any, path: str) -> Any:
         if field is not None:
             current = current.get(field) if isinstance(current, Mapping) else None
         elif index is not None:
-            current = current[int(index)] if isinstance(current, list) and int(index) < len(current) else None
+            current = (
+                current[int(index)]
+                if isinstance(current, list) and int(index) < len(current)
+                else None
+            )
         else:
             items = current if isinstance(current, list) else []
-            current = next((i for i in items if isinstance(i, Mapping) and str(i.get(filter_key)) == filter_value), None)
+            current = next(
+                (
+                    i
+                    for i in items
+                    if isinstance(i, Mapping) and str(i.get(filter_key)) == filter_value
+                ),
+                None,
+            )
     return current
 
 
@@ -197,15 +223,23 @@ def _crd_columns(rt: ResourceType) -> list[Column]:
         ctype = str(spec.get("type", "string"))
         if path == ".metadata.creationTimestamp":
             has_age = True
+        name = str(spec.get("name", ""))
+        priority = int(spec.get("priority", 0))
         if ctype == "date":
-            columns.append((str(spec.get("name", "")), "string", int(spec.get("priority", 0)),
-                            lambda o, p=path: _date_cell(json_path(o, p))))  # fmt: skip
+            columns.append((name, "string", priority, _date_reader(path)))
         else:
-            columns.append((str(spec.get("name", "")), ctype, int(spec.get("priority", 0)),
-                            lambda o, p=path: _cell(json_path(o, p))))  # fmt: skip
+            columns.append((name, ctype, priority, _cell_reader(path)))
     if not has_age:
         columns.append(AGE)
     return columns
+
+
+def _date_reader(path: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: _date_cell(json_path(obj, path))
+
+
+def _cell_reader(path: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: _cell(json_path(obj, path))
 
 
 def _date_cell(value: Any) -> str:

@@ -52,11 +52,11 @@ class DaemonSetController(Controller):
         for key_, ns, pod_name in self.store.dependents(uid):
             if key_ != POD_KEY:
                 continue
-            pod = self.store.peek(POD_KEY, ns, pod_name)
-            if pod is None or not scheduling.is_controlled_by(pod.obj, uid):
+            found = self.store.peek(POD_KEY, ns, pod_name)
+            if found is None or not scheduling.is_controlled_by(found.obj, uid):
                 continue
-            node_name = (pod.obj.get("spec") or {}).get("nodeName", "")
-            pods_by_node.setdefault(node_name, []).append(pod.obj)
+            node_name = (found.obj.get("spec") or {}).get("nodeName", "")
+            pods_by_node.setdefault(node_name, []).append(found.obj)
         min_ready = int(spec.get("minReadySeconds") or 0)
         strategy = spec.get("updateStrategy") or {}
         rolling = strategy.get("type", "RollingUpdate") == "RollingUpdate"
@@ -104,7 +104,9 @@ class DaemonSetController(Controller):
                 unavailable_nodes += 1
                 continue
             pod = live[0]
-            is_updated = pod["metadata"].get("labels", {}).get("controller-revision-hash") == revision_hash
+            is_updated = (
+                pod["metadata"].get("labels", {}).get("controller-revision-hash") == revision_hash
+            )
             wait = scheduling.ready_for(pod, min_ready)
             if wait >= 0:
                 ready += 1
@@ -122,7 +124,9 @@ class DaemonSetController(Controller):
                 old_unavailable.append(pod)
         if rolling:
             rolling_spec = strategy.get("rollingUpdate") or {}
-            max_unavailable = scheduling.scaled_value(rolling_spec.get("maxUnavailable", 1), desired, True)
+            max_unavailable = scheduling.scaled_value(
+                rolling_spec.get("maxUnavailable", 1), desired, True
+            )
             max_unavailable = max(max_unavailable, 1) if desired else 0
             for pod in old_unavailable:
                 self._delete(pods_rt, pod)
@@ -166,7 +170,9 @@ class DaemonSetController(Controller):
             return
         self.store.remove(pods_rt, meta["namespace"], meta["name"])
 
-    def _create_pod(self, ds: dict[str, Any], template: dict[str, Any], node: str, revision_hash: str) -> None:
+    def _create_pod(
+        self, ds: dict[str, Any], template: dict[str, Any], node: str, revision_hash: str
+    ) -> None:
         meta = ds["metadata"]
         template_meta = template.get("metadata") or {}
         spec = copy.deepcopy(template.get("spec") or {})
@@ -206,7 +212,9 @@ class DaemonSetController(Controller):
             pod["metadata"]["annotations"] = dict(template_meta["annotations"])
         self.store.insert(self.rt("pods"), pod)
 
-    def _ensure_revision(self, ds: dict[str, Any], template: dict[str, Any], revision_hash: str) -> None:
+    def _ensure_revision(
+        self, ds: dict[str, Any], template: dict[str, Any], revision_hash: str
+    ) -> None:
         meta = ds["metadata"]
         rt = self.rt("controllerrevisions.apps")
         name = f"{meta['name']}-{revision_hash}"

@@ -54,7 +54,10 @@ class DeploymentController(Controller):
     name = "deployment-controller"
 
     def initial_keys(self) -> list[Any]:
-        return [(s.obj["metadata"]["namespace"], s.obj["metadata"]["name"]) for s in self.store.scan(DEPLOY_KEY)]
+        return [
+            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
+            for s in self.store.scan(DEPLOY_KEY)
+        ]
 
     def on_event(self, event: Event) -> None:
         if event.key == DEPLOY_KEY:
@@ -75,19 +78,38 @@ class DeploymentController(Controller):
         template_hash = scheduling.template_hash(template)
         owned = _owned(self, deploy, RS_KEY)
         new_rs = next(
-            (s for s in owned if s.obj["metadata"].get("labels", {}).get("pod-template-hash") == template_hash),
+            (
+                s
+                for s in owned
+                if s.obj["metadata"].get("labels", {}).get("pod-template-hash") == template_hash
+            ),
             None,
         )
         old = [s for s in owned if s is not new_rs]
         rs_rt = self.rt("replicasets.apps")
         recreate = (spec.get("strategy") or {}).get("type") == "Recreate"
-        old_active = [s for s in old if int((s.obj.get("spec") or {}).get("replicas", 0)) > 0 or int((s.obj.get("status") or {}).get("replicas", 0)) > 0]
+        old_active = [
+            s
+            for s in old
+            if int((s.obj.get("spec") or {}).get("replicas", 0)) > 0
+            or int((s.obj.get("status") or {}).get("replicas", 0)) > 0
+        ]
         revision = 1 + max(
-            (int(s.obj["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision", 0)) for s in owned),
+            (
+                int(
+                    s.obj["metadata"]
+                    .get("annotations", {})
+                    .get("deployment.kubernetes.io/revision", 0)
+                )
+                for s in owned
+            ),
             default=0,
         )
         if new_rs is None and not (recreate and old_active):
-            labels = {**((template.get("metadata") or {}).get("labels") or {}), "pod-template-hash": template_hash}
+            labels = {
+                **((template.get("metadata") or {}).get("labels") or {}),
+                "pod-template-hash": template_hash,
+            }
             template.setdefault("metadata", {})["labels"] = labels
             selector = copy.deepcopy(spec.get("selector") or {})
             selector.setdefault("matchLabels", {})["pod-template-hash"] = template_hash
@@ -108,7 +130,9 @@ class DeploymentController(Controller):
             obj = new_rs.copy()
             obj["spec"]["replicas"] = replicas
             new_rs = self.store.replace(rs_rt, obj, namespace=key[0], name=obj["metadata"]["name"])
-        new_available = int(((new_rs.obj if new_rs else {}).get("status") or {}).get("availableReplicas", 0))
+        new_available = int(
+            ((new_rs.obj if new_rs else {}).get("status") or {}).get("availableReplicas", 0)
+        )
         if recreate or new_available >= replicas:
             for rs_stored in old:
                 if int(rs_stored.obj["spec"].get("replicas", 0)) != 0:
@@ -126,7 +150,9 @@ class DeploymentController(Controller):
             if value:
                 status[field] = value
         is_available = available >= replicas
-        old_conditions = {c.get("type"): c for c in (deploy.get("status") or {}).get("conditions") or []}
+        old_conditions = {
+            c.get("type"): c for c in (deploy.get("status") or {}).get("conditions") or []
+        }
         conditions = []
         for ctype, ok, reason, message in (
             ("Available", is_available, "MinimumReplicasAvailable" if is_available else "MinimumReplicasUnavailable",
@@ -134,17 +160,27 @@ class DeploymentController(Controller):
             ("Progressing", True, "NewReplicaSetAvailable" if new_available >= replicas else "ReplicaSetUpdated",
              f'ReplicaSet "{deploy["metadata"]["name"]}-{template_hash}" is progressing.'),
         ):  # fmt: skip
-            value = "True" if ok else "False"
+            flag = "True" if ok else "False"
             previous = old_conditions.get(ctype)
-            stamp = previous["lastTransitionTime"] if previous and previous.get("status") == value else now()
-            conditions.append({"type": ctype, "status": value, "reason": reason, "message": message,
+            stamp = (
+                previous["lastTransitionTime"]
+                if previous and previous.get("status") == flag
+                else now()
+            )
+            conditions.append({"type": ctype, "status": flag, "reason": reason, "message": message,
                                "lastUpdateTime": previous.get("lastUpdateTime", stamp) if previous and previous.get("reason") == reason else now(),
                                "lastTransitionTime": stamp})  # fmt: skip
         status["conditions"] = conditions
         if deploy.get("status") != status:
             obj = stored.copy()
             obj["status"] = status
-            self.store.replace(self.rt("deployments.apps"), obj, namespace=key[0], name=key[1], subresource="status")
+            self.store.replace(
+                self.rt("deployments.apps"),
+                obj,
+                namespace=key[0],
+                name=key[1],
+                subresource="status",
+            )
 
 
 class ReplicaSetController(Controller):
@@ -153,7 +189,10 @@ class ReplicaSetController(Controller):
     name = "replicaset-controller"
 
     def initial_keys(self) -> list[Any]:
-        return [(s.obj["metadata"]["namespace"], s.obj["metadata"]["name"]) for s in self.store.scan(RS_KEY)]
+        return [
+            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
+            for s in self.store.scan(RS_KEY)
+        ]
 
     def on_event(self, event: Event) -> None:
         if event.key == RS_KEY:
@@ -173,7 +212,9 @@ class ReplicaSetController(Controller):
         pods = [s.obj for s in _owned(self, rs, POD_KEY)]
         pods_rt = self.rt("pods")
         for pod in pods:
-            if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") and not pod["metadata"].get("deletionTimestamp"):
+            if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") and not pod[
+                "metadata"
+            ].get("deletionTimestamp"):
                 self.store.remove(pods_rt, key[0], pod["metadata"]["name"])
         live = [
             p for p in pods
@@ -209,7 +250,10 @@ class ReplicaSetController(Controller):
         pending = [w for w in waits if w > 0]
         if pending:
             self.enqueue_after(key, min(pending) + 0.01)
-        status: dict[str, Any] = {"replicas": len(live), "observedGeneration": rs["metadata"].get("generation", 1)}
+        status: dict[str, Any] = {
+            "replicas": len(live),
+            "observedGeneration": rs["metadata"].get("generation", 1),
+        }
         if live:
             status["fullyLabeledReplicas"] = len(live)
         if ready:
@@ -219,7 +263,13 @@ class ReplicaSetController(Controller):
         if rs.get("status") != status:
             obj = stored.copy()
             obj["status"] = status
-            self.store.replace(self.rt("replicasets.apps"), obj, namespace=key[0], name=key[1], subresource="status")
+            self.store.replace(
+                self.rt("replicasets.apps"),
+                obj,
+                namespace=key[0],
+                name=key[1],
+                subresource="status",
+            )
 
 
 class Scheduler(Controller):
@@ -259,18 +309,30 @@ class Scheduler(Controller):
             if node:
                 counts[node] = counts.get(node, 0) + 1
         candidates = [
-            s.obj["metadata"]["name"] for s in self.store.scan(NODE_KEY) if scheduling.schedulable(s.obj, spec)
+            s.obj["metadata"]["name"]
+            for s in self.store.scan(NODE_KEY)
+            if scheduling.schedulable(s.obj, spec)
         ]
         rt = self.rt("pods")
         if not candidates:
             obj = stored.copy()
             status = obj.setdefault("status", {})
-            conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            conditions = [
+                c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"
+            ]
             conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                "message": "0/%d nodes are available." % sum(1 for _ in self.store.scan(NODE_KEY)),
                                "lastProbeTime": None, "lastTransitionTime": now()})  # fmt: skip
-            previous = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
-            if previous and previous[0].get("status") == "False" and previous[0].get("message") == conditions[-1]["message"]:
+            previous = [
+                c
+                for c in (pod.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled"
+            ]
+            if (
+                previous
+                and previous[0].get("status") == "False"
+                and previous[0].get("message") == conditions[-1]["message"]
+            ):
                 return
             status["conditions"] = conditions
             self.store.replace(rt, obj, namespace=key[0], name=key[1], subresource="status")

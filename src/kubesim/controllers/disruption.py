@@ -46,13 +46,18 @@ def check_eviction(store: Store, pod: dict[str, Any]) -> None:
     labels = pod["metadata"].get("labels") or {}
     matching = []
     for stored in store.scan(PDB_KEY, pod["metadata"]["namespace"]):
-        selector = selectors.from_label_selector_object((stored.obj.get("spec") or {}).get("selector"))
+        selector = selectors.from_label_selector_object(
+            (stored.obj.get("spec") or {}).get("selector")
+        )
         if selector.matches(labels):
             matching.append(stored.obj)
     if not matching:
         return
     if len(matching) > 1:
-        raise errors.ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.")
+        raise errors.ApiError(
+            500,
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+        )
     pdb = matching[0]
     counts = budget(store, pdb)
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Pending"):
@@ -86,7 +91,10 @@ class DisruptionController(Controller):
     name = "disruption-controller"
 
     def initial_keys(self) -> list[Any]:
-        return [(s.obj["metadata"]["namespace"], s.obj["metadata"]["name"]) for s in self.store.scan(PDB_KEY)]
+        return [
+            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
+            for s in self.store.scan(PDB_KEY)
+        ]
 
     def on_event(self, event: Event) -> None:
         meta = event.new.obj["metadata"]
@@ -103,7 +111,9 @@ class DisruptionController(Controller):
         counts = budget(self.store, stored.obj)
         old = stored.obj.get("status") or {}
         allowed = counts["disruptionsAllowed"] > 0
-        previous = next((c for c in old.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), None)
+        previous = next(
+            (c for c in old.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), None
+        )
         condition = {
             "type": "DisruptionAllowed",
             "status": "True" if allowed else "False",
@@ -123,7 +133,13 @@ class DisruptionController(Controller):
             return
         obj = stored.copy()
         obj["status"] = status
-        self.store.replace(self.rt("poddisruptionbudgets"), obj, namespace=key[0], name=key[1], subresource="status")
+        self.store.replace(
+            self.rt("poddisruptionbudgets"),
+            obj,
+            namespace=key[0],
+            name=key[1],
+            subresource="status",
+        )
 
 
 def _now() -> str:

@@ -53,7 +53,9 @@ class GarbageCollector(Controller):
             return
         self._uids[uid] = ident
         finalizers = meta.get("finalizers") or ()
-        if meta.get("deletionTimestamp") and ("orphan" in finalizers or "foregroundDeletion" in finalizers):
+        if meta.get("deletionTimestamp") and (
+            "orphan" in finalizers or "foregroundDeletion" in finalizers
+        ):
             self.enqueue(("owner", *ident))
         if meta.get("ownerReferences") and (
             event.old is None
@@ -82,7 +84,9 @@ class GarbageCollector(Controller):
                 pod = stored.obj
                 if (pod.get("spec") or {}).get("nodeName") == key[1]:
                     with contextlib.suppress(errors.ApiError):
-                        self.store.remove(rt, pod["metadata"]["namespace"], pod["metadata"]["name"], grace=0)
+                        self.store.remove(
+                            rt, pod["metadata"]["namespace"], pod["metadata"]["name"], grace=0
+                        )
 
     def _check_dependent(self, key: Key, namespace: str, name: str) -> None:
         stored = self.store.peek(key, namespace, name)

@@ -233,7 +233,13 @@ class _PodWorker:
             "phase": self.phase,
             "conditions": [
                 self.conditions[c]
-                for c in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+                for c in (
+                    "PodReadyToStartContainers",
+                    "Initialized",
+                    "Ready",
+                    "ContainersReady",
+                    "PodScheduled",
+                )
             ],
             "hostIP": node_ip,
             "hostIPs": [{"ip": node_ip}],
@@ -294,7 +300,9 @@ class _PodWorker:
                     "terminated": {
                         "exitCode": code,
                         "reason": "Completed" if code == 0 else "Error",
-                        "startedAt": status.get("state", {}).get("running", {}).get("startedAt", now()),
+                        "startedAt": status.get("state", {})
+                        .get("running", {})
+                        .get("startedAt", now()),
                         "finishedAt": now(),
                     }
                 }
@@ -315,7 +323,9 @@ class _PodWorker:
         self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
         self.mark()
 
-    async def _container_loop(self, index: int, container: dict[str, Any], restart_policy: str) -> int:
+    async def _container_loop(
+        self, index: int, container: dict[str, Any], restart_policy: str
+    ) -> int:
         cfg = self.kubelet.config
         status = self.statuses[index]
         while True:
@@ -324,7 +334,9 @@ class _PodWorker:
             started_at = now()
             status["state"] = {"running": {"startedAt": started_at}}
             status["started"] = True
-            status["containerID"] = f"containerd://{self.uid[:8]}{index:04d}{status['restartCount']:04d}"
+            status["containerID"] = (
+                f"containerd://{self.uid[:8]}{index:04d}{status['restartCount']:04d}"
+            )
             self.phase = "Running"
             self.mark()
             code_task = asyncio.ensure_future(self._run_container(container, init=False))
@@ -352,7 +364,9 @@ class _PodWorker:
                 return code
             status["restartCount"] += 1
             status["lastState"] = {"terminated": terminated}
-            status["state"] = {"waiting": {"reason": "CrashLoopBackOff" if code else "ContainerCreating"}}
+            status["state"] = {
+                "waiting": {"reason": "CrashLoopBackOff" if code else "ContainerCreating"}
+            }
             self.mark()
             await asyncio.sleep(max(cfg.delay(cfg.restart_delay), 0.001))
 
@@ -380,7 +394,8 @@ class _PodWorker:
                 await runner.start(ctx)
                 return await ctx.exited
             task = asyncio.ensure_future(_call(runner, ctx))
-            done, _ = await asyncio.wait({task, ctx.exited}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {task, ctx.exited}
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if ctx.exited in done:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -470,7 +485,9 @@ class Kubelet(Controller):
         """Add a pod runner and requeue pods so already-running matches pick it up on restart."""
         self.runners.append(registration)
 
-    def runner_for(self, pod: dict[str, Any], container: dict[str, Any]) -> RunnerRegistration | None:
+    def runner_for(
+        self, pod: dict[str, Any], container: dict[str, Any]
+    ) -> RunnerRegistration | None:
         """The first registration matching a container."""
         for registration in self.runners:
             if registration.matches(pod, container):
@@ -494,7 +511,9 @@ class Kubelet(Controller):
         ip = self._pod_ips.get(uid)
         if ip is None:
             index = len(self._pod_ips) + 1
-            ip = self._pod_ips[uid] = f"10.{128 + index // 65000}.{index // 250 % 256}.{index % 250 + 1}"
+            ip = self._pod_ips[uid] = (
+                f"10.{128 + index // 65000}.{index // 250 % 256}.{index % 250 + 1}"
+            )
         return ip
 
     # ----- events -------------------------------------------------------------------------------
@@ -509,21 +528,24 @@ class Kubelet(Controller):
     def on_event(self, event: Event) -> None:
         if event.key == POD_KEY:
             meta = event.new.obj["metadata"]
-            if (event.new.obj.get("spec") or {}).get("nodeName") or (meta["namespace"], meta["name"]) in self.workers:
+            if (event.new.obj.get("spec") or {}).get("nodeName") or (
+                meta["namespace"],
+                meta["name"],
+            ) in self.workers:
                 self.enqueue(("pod", meta["namespace"], meta["name"]))
         elif event.key == NODE_KEY and event.type == "DELETED":
             self.enqueue(("node-gone", event.new.obj["metadata"]["name"]))
 
     def reconcile(self, key: Any) -> None:
         if key[0] == "node-gone":
-            for pod_key, worker in list(self.workers.items()):
-                if worker.pod["spec"].get("nodeName") == key[1]:
-                    self._discard(pod_key)
+            for bound_key, bound in list(self.workers.items()):
+                if bound.pod["spec"].get("nodeName") == key[1]:
+                    self._discard(bound_key)
             return
         _, namespace, name = key
         pod_key = (namespace, name)
         stored = self.store.peek(POD_KEY, namespace, name)
-        worker = self.workers.get(pod_key)
+        worker: _PodWorker | None = self.workers.get(pod_key)
         if stored is None:
             if worker is not None:
                 self._discard(pod_key)
@@ -561,7 +583,9 @@ class Kubelet(Controller):
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-    def _terminate(self, pod_key: tuple[str, str], pod: dict[str, Any], worker: _PodWorker | None) -> None:
+    def _terminate(
+        self, pod_key: tuple[str, str], pod: dict[str, Any], worker: _PodWorker | None
+    ) -> None:
         grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
         cfg = self.config
 
@@ -580,10 +604,14 @@ class Kubelet(Controller):
             with contextlib.suppress(errors.ApiError):
                 if current.obj["metadata"].get("finalizers"):
                     obj = current.copy()
-                    obj.setdefault("status", {})["phase"] = "Failed" if worker else obj["status"].get("phase", "Failed")
+                    obj.setdefault("status", {})["phase"] = (
+                        "Failed" if worker else obj["status"].get("phase", "Failed")
+                    )
                     for status in obj["status"].get("containerStatuses") or []:
                         status["ready"] = False
-                    self.store.replace(rt, obj, namespace=pod_key[0], name=pod_key[1], subresource="status")
+                    self.store.replace(
+                        rt, obj, namespace=pod_key[0], name=pod_key[1], subresource="status"
+                    )
                 self.store.remove(rt, pod_key[0], pod_key[1], grace=0)
 
         if worker is None:
@@ -616,7 +644,9 @@ class Kubelet(Controller):
             obj = stored.copy()
             obj["status"] = json_copy(status)
             try:
-                self.store.replace(rt, obj, namespace=pod_key[0], name=pod_key[1], subresource="status")
+                self.store.replace(
+                    rt, obj, namespace=pod_key[0], name=pod_key[1], subresource="status"
+                )
             except errors.ApiError as exc:
                 log.debug("kubelet status write for %s/%s failed: %s", *pod_key, exc.message)
 
@@ -701,7 +731,12 @@ class Kubelet(Controller):
             }
             if node is not None:
                 lease["metadata"]["ownerReferences"] = [
-                    {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.obj["metadata"]["uid"]}
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": name,
+                        "uid": node.obj["metadata"]["uid"],
+                    }
                 ]
             self.store.insert(rt, lease)
             return
@@ -730,12 +765,17 @@ class Kubelet(Controller):
         obj = stored.copy()
         stamp = now()
         status = obj.setdefault("status", {})
-        status["conditions"] = _node_conditions(ready, stamp, unreachable=unreachable, previous=status.get("conditions"))
-        taint_key = "node.kubernetes.io/unreachable" if unreachable else "node.kubernetes.io/not-ready"
+        status["conditions"] = _node_conditions(
+            ready, stamp, unreachable=unreachable, previous=status.get("conditions")
+        )
+        taint_key = (
+            "node.kubernetes.io/unreachable" if unreachable else "node.kubernetes.io/not-ready"
+        )
         taints = [
             t
             for t in (obj.get("spec") or {}).get("taints") or []
-            if t.get("key") not in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+            if t.get("key")
+            not in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
         ]
         if not ready:
             taints.append({"key": taint_key, "effect": "NoSchedule"})
@@ -751,7 +791,10 @@ class Kubelet(Controller):
         if ready:
             self.down_nodes.discard(name)
             for pod in self.store.select(
-                self.rt("pods"), None, selectors.EVERYTHING, selectors.parse_field_selector(f"spec.nodeName={name}")
+                self.rt("pods"),
+                None,
+                selectors.EVERYTHING,
+                selectors.parse_field_selector(f"spec.nodeName={name}"),
             ):
                 meta = pod.obj["metadata"]
                 self.enqueue(("pod", meta["namespace"], meta["name"]))
@@ -766,19 +809,28 @@ class Kubelet(Controller):
             current = self.store.peek(POD_KEY, *pod_key)
             if current is None:
                 continue
-            pod = current.copy()
-            for condition in (pod.get("status") or {}).get("conditions") or []:
-                if condition.get("type") in ("Ready", "ContainersReady") and condition.get("status") != "False":
+            pod_obj = current.copy()
+            for condition in (pod_obj.get("status") or {}).get("conditions") or []:
+                if (
+                    condition.get("type") in ("Ready", "ContainersReady")
+                    and condition.get("status") != "False"
+                ):
                     condition["status"] = "False"
                     condition["lastTransitionTime"] = stamp
-            for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            for container in (pod_obj.get("status") or {}).get("containerStatuses") or []:
                 container["ready"] = False
             with contextlib.suppress(errors.ApiError):
-                self.store.replace(pods_rt, pod, namespace=pod_key[0], name=pod_key[1], subresource="status")
+                self.store.replace(
+                    pods_rt, pod_obj, namespace=pod_key[0], name=pod_key[1], subresource="status"
+                )
 
 
 def _node_conditions(
-    ready: bool, stamp: str, *, unreachable: bool = False, previous: list[dict[str, Any]] | None = None
+    ready: bool,
+    stamp: str,
+    *,
+    unreachable: bool = False,
+    previous: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     old = {c.get("type"): c for c in previous or []}
     result = []
@@ -791,13 +843,21 @@ def _node_conditions(
         if ready:
             value, why, message = ok_status, reason, "kubelet is posting ready status"
         elif unreachable:
-            value, why, message = "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status."
+            value, why, message = (
+                "Unknown",
+                "NodeStatusUnknown",
+                "Kubelet stopped posting node status.",
+            )
         elif ctype == "Ready":
             value, why, message = "False", "KubeletNotReady", "container runtime is down"
         else:
             value, why, message = ok_status, reason, "kubelet has sufficient resources"
         before = old.get(ctype)
-        transition = before.get("lastTransitionTime", stamp) if before and before.get("status") == value else stamp
+        transition = (
+            before.get("lastTransitionTime", stamp)
+            if before and before.get("status") == value
+            else stamp
+        )
         result.append(
             {
                 "type": ctype,

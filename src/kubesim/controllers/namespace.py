@@ -45,8 +45,15 @@ class NamespaceController(Controller):
                 remaining += 1
                 if not item.obj["metadata"].get("deletionTimestamp"):
                     with contextlib.suppress(errors.ApiError):
-                        self.store.remove(rt, key, item.obj["metadata"]["name"], propagation="Background")
-        if remaining and any(True for rt in self.store.registry.storage_types() if rt.namespaced for _ in self.store.scan(rt.key, key)):
+                        self.store.remove(
+                            rt, key, item.obj["metadata"]["name"], propagation="Background"
+                        )
+        if remaining and any(
+            True
+            for rt in self.store.registry.storage_types()
+            if rt.namespaced
+            for _ in self.store.scan(rt.key, key)
+        ):
             return
         obj = stored.copy()
         obj.get("spec", {}).pop("finalizers", None)

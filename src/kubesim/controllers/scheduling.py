@@ -162,7 +162,8 @@ def scaled_value(value: Any, total: int, round_up: bool) -> int:
 def is_controlled_by(obj: dict[str, Any], uid: str) -> bool:
     """Whether `uid` is the controller ownerReference of an object."""
     return any(
-        r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or []
+        r.get("uid") == uid and r.get("controller")
+        for r in obj["metadata"].get("ownerReferences") or []
     )
 
 
