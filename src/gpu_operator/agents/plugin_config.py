@@ -73,8 +73,17 @@ ResourceName = Annotated[str, pydantic.AfterValidator(_resource_name)]
 class ReplicatedResource(_Model):
     name: ResourceName
     rename: ResourceName | None = None
-    devices: Literal["all"] | Annotated[int, pydantic.Field(gt=0)] | list[str] = "all"
+    devices: str | int | list[str] = "all"
     replicas: int = pydantic.Field(ge=2)
+
+    @pydantic.field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, value: Any) -> Any:
+        if value == "all" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, str | int) for v in value):
+            return [str(v) for v in value]
+        raise ValueError("expected 'all', a positive count, or a list of GPU indices or UUIDs")
 
 
 class ReplicatedResources(_Model):
