@@ -1,0 +1,78 @@
+"""Helpers shared by the kubesim tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from kubesim import KubeletConfig
+
+
+class Api:
+    """Raw HTTP access returning (status, decoded body)."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def req(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        ctype: str = "application/json",
+        params: dict[str, str] | None = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        all_headers = {"Content-Type": ctype, **(headers or {})}
+        async with self.session.request(
+            method, path, data=data, params=params, headers=all_headers
+        ) as resp:
+            text = await resp.read()
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:
+                return resp.status, text.decode()
+
+    async def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        status, result = await self.req(method, path, body, **kw)
+        assert status < 300, (status, result)
+        return result
+
+
+def instant() -> KubeletConfig:
+    """A kubelet without delays or heartbeats."""
+    return KubeletConfig(instant=True, lease_interval=None)
+
+
+def configmap(name: str, namespace: str = "default", **labels: str) -> dict[str, Any]:
+    """A ConfigMap manifest."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {"k": "v"},
+    }
+
+
+def daemonset(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    """A DaemonSet manifest with one container; extra pod spec fields via keywords."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "main", "image": f"example/{name}:1"}], **spec},
+            },
+        },
+    }
+
+
+CM = "/api/v1/namespaces/default/configmaps"
