@@ -1,0 +1,160 @@
+"""Lease-based leader election (coordination.k8s.io/v1), compatible with client-go's protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+
+from gpu_operator.kube import resources
+
+log = logging.getLogger(__name__)
+
+# Upstream's leader-election ID, so the two operators never lead at the same time.
+LEASE_NAME = "53822513.nvidia.com"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _format(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(value, fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
+class LeaderElector:
+    """Acquires and renews a Lease; `is_leader` is set while this process holds it."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        namespace: str,
+        identity: str,
+        name: str = LEASE_NAME,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.identity = identity
+        self.name = name
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.clock = clock
+        self.is_leader = asyncio.Event()
+        self.lost = asyncio.Event()
+
+    def _spec(self, previous: dict[str, Any] | None) -> dict[str, Any]:
+        now = _format(self.clock())
+        transitions = int((previous or {}).get("leaseTransitions") or 0)
+        holder = (previous or {}).get("holderIdentity")
+        acquired = (previous or {}).get("acquireTime") if holder == self.identity else now
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.lease_duration),
+            "acquireTime": acquired or now,
+            "renewTime": now,
+            "leaseTransitions": transitions if holder == self.identity else transitions + 1,
+        }
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when this process holds the lease afterwards."""
+        try:
+            lease = dict(
+                await self.client.get(resources.LEASE, self.name, namespace=self.namespace)
+            )
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(None),
+            }
+            try:
+                await self.client.create(resources.LEASE(body))
+            except ApiError as create_err:
+                if create_err.status.code == 409:
+                    return False
+                raise
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        renewed = _parse(spec.get("renewTime"))
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        expired = renewed is None or self.clock() > renewed + timedelta(seconds=duration)
+        if holder and holder != self.identity and not expired:
+            return False
+        lease["spec"] = self._spec(spec)
+        try:
+            await self.client.replace(resources.LEASE(lease))
+        except ApiError as err:
+            if err.status.code == 409:  # someone else won the race
+                return False
+            raise
+        return True
+
+    async def run(self) -> None:
+        """Campaign until elected, then renew; on losing the lease set `lost` and return."""
+        while not self.is_leader.is_set():
+            try:
+                if await self.try_acquire_or_renew():
+                    log.info("became leader (lease %s/%s)", self.namespace, self.name)
+                    self.is_leader.set()
+                    break
+            except Exception as err:
+                log.warning("leader election attempt failed: %s", err)
+            await asyncio.sleep(self.retry_period)
+        last_renew = self.clock()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            try:
+                if await self.try_acquire_or_renew():
+                    last_renew = self.clock()
+                    continue
+            except Exception as err:
+                log.warning("lease renewal failed: %s", err)
+            if (self.clock() - last_renew).total_seconds() > self.renew_deadline:
+                log.error("lost leadership of lease %s/%s", self.namespace, self.name)
+                self.is_leader.clear()
+                self.lost.set()
+                return
+
+    async def release(self) -> None:
+        """Give the lease up on shutdown so a standby takes over at once."""
+        if not self.is_leader.is_set():
+            return
+        try:
+            lease = dict(
+                await self.client.get(resources.LEASE, self.name, namespace=self.namespace)
+            )
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            spec.update({"holderIdentity": None, "leaseDurationSeconds": 1})
+            await self.client.replace(resources.LEASE(lease))
+            log.info("released lease %s/%s", self.namespace, self.name)
+        except Exception as err:
+            log.warning("could not release the lease: %s", err)
+        finally:
+            self.is_leader.clear()
