@@ -74,13 +74,15 @@ async def test_node_feature_object_is_created_and_updated(api: AsyncClient) -> N
     writer = node_features.NodeFeatureWriter(api, NODE, NS)
     await writer.write({"nvidia.com/gpu.count": "8"})
     obj = await api.get(node_features.NodeFeature, f"nvidia-features-for-{NODE}", namespace=NS)
-    assert obj.metadata is not None and obj.metadata.labels is not None
+    assert obj.metadata is not None
+    assert obj.metadata.labels is not None
     assert obj.metadata.labels[node_features.NODE_NAME_LABEL] == NODE
     assert obj["spec"]["labels"] == {"nvidia.com/gpu.count": "8"}
     version = obj.metadata.resourceVersion
     await writer.write({"nvidia.com/gpu.count": "8"})
     same = await api.get(node_features.NodeFeature, f"nvidia-features-for-{NODE}", namespace=NS)
-    assert same.metadata is not None and same.metadata.resourceVersion == version
+    assert same.metadata is not None
+    assert same.metadata.resourceVersion == version
     await writer.write({"nvidia.com/gpu.count": "4"})
     changed = await api.get(node_features.NodeFeature, f"nvidia-features-for-{NODE}", namespace=NS)
     assert changed["spec"]["labels"] == {"nvidia.com/gpu.count": "4"}
