@@ -786,8 +786,10 @@ class Kubelet(Controller):
         else:
             spec.pop("taints", None)
         rt = self.rt("nodes")
+        # The store owns what it is given, so each write gets its own copy.
+        self.store.replace(rt, json_copy(obj), namespace="", name=name, subresource="status")
+        del obj["metadata"]["resourceVersion"]
         self.store.replace(rt, obj, namespace="", name=name)
-        self.store.replace(rt, obj, namespace="", name=name, subresource="status")
         if ready:
             self.down_nodes.discard(name)
             for pod in self.store.select(
