@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -91,6 +93,61 @@ def validate(
         err.print("error: no ClusterPolicy or NVIDIADriver found in the input", markup=False)
         raise typer.Exit(2)
     raise typer.Exit(1 if failed else 0)
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+@app.command()
+def controller(
+    kubeconfig: str | None = typer.Option(
+        None, "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: in-cluster)."
+    ),
+    namespace: str | None = typer.Option(
+        None, "--namespace", envvar="OPERATOR_NAMESPACE", help="Namespace of the operands."
+    ),
+    leader_elect: bool = typer.Option(
+        False, "--leader-elect", help="Run only while holding the leader Lease (for HA)."
+    ),
+    metrics_bind_address: str = typer.Option(":8080", help="Where /metrics is served."),
+    health_probe_bind_address: str = typer.Option(
+        ":8081", help="Where /healthz and /readyz are served."
+    ),
+    log_level: LogLevel = typer.Option(LogLevel.info, help="Log level."),
+    log_format: LogFormat = typer.Option(LogFormat.text, help="text, or json for log pipelines."),
+) -> None:
+    """Run the operator: reconcile ClusterPolicy, label GPU nodes, deploy the operands."""
+    if not namespace:
+        err.print("error: set --namespace or the OPERATOR_NAMESPACE environment variable")
+        raise typer.Exit(1)
+    # Imported here so that `validate` and friends start fast and never load the client stack.
+    from gpu_operator.controller import logs
+    from gpu_operator.controller import main as controller_main
+    from gpu_operator.kube.client import ConnectError
+
+    logs.configure(log_level.value, log_format.value)
+    try:
+        asyncio.run(
+            controller_main.run(
+                kubeconfig=kubeconfig,
+                namespace=namespace,
+                leader_elect=leader_elect,
+                metrics_address=metrics_bind_address,
+                health_address=health_probe_bind_address,
+            )
+        )
+    except ConnectError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

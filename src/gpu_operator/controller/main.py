@@ -1,0 +1,65 @@
+"""`gpu-operator controller`: run the operator until SIGTERM, then release the lease and exit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Mapping
+
+from gpu_operator.api.images import IMAGE_ENV
+from gpu_operator.controller import endpoints
+from gpu_operator.controller.operator import Operator, Settings
+from gpu_operator.kube import client as kube_client
+
+log = logging.getLogger(__name__)
+
+
+def image_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The operator's `*_IMAGE` env vars: fallbacks for images a ClusterPolicy leaves unset."""
+    names = set(IMAGE_ENV.values())
+    return {k: v for k, v in environ.items() if k in names and v}
+
+
+async def run(
+    *,
+    kubeconfig: str | None,
+    namespace: str,
+    leader_elect: bool,
+    metrics_address: str,
+    health_address: str,
+    environ: Mapping[str, str] = os.environ,
+) -> None:
+    """Run until cancelled or signalled; SIGTERM and SIGINT stop it cleanly."""
+    client = kube_client.connect(kubeconfig)
+    identity = f"{socket.gethostname()}_{os.getpid()}"
+    operator = Operator(
+        client,
+        Settings(
+            namespace=namespace,
+            identity=identity,
+            leader_elect=leader_elect,
+            operator_env=image_env(environ),
+        ),
+    )
+    runners = [
+        await endpoints.serve(endpoints.health_app(operator.ready.is_set), health_address),
+        await endpoints.serve(endpoints.metrics_app(operator.metrics.registry), metrics_address),
+    ]
+    task = asyncio.create_task(operator.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, task.cancel)
+    log.info("gpu-operator controller started (namespace %s, identity %s)", namespace, identity)
+    try:
+        await task
+    except asyncio.CancelledError:
+        log.info("shutting down")
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+        await client.close()

@@ -1,0 +1,240 @@
+"""The operator end to end on kubesim over real HTTP (reference §3-§4, issue 5 §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api import keys
+from gpu_operator.nodes import ledger
+
+from .conftest import NAMESPACE, Env, gpu_node, policy
+
+CORE_DAEMONSETS = {
+    "nvidia-driver-daemonset",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "nvidia-dcgm-exporter",
+    "gpu-feature-discovery",
+}
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+async def test_install_converges_to_ready_with_labels(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    assert CORE_DAEMONSETS <= set(env.daemonsets())
+    status = env.policy()["status"]
+    assert status["namespace"] == NAMESPACE
+    assert conditions(status)["Ready"]["reason"] == "Reconciled"
+    states = {s["name"]: s["state"] for s in status["states"]}
+    assert states["state-driver"] == "ready"
+    assert states["state-dcgm"] == "disabled"
+    gpu = env.node_labels("gpu-2")
+    assert gpu[keys.GPU_PRESENT] == "true"
+    assert gpu[keys.DEPLOY_PREFIX + "driver"] == "true"
+    assert gpu[keys.DEPLOY_PREFIX + "mig-manager"] == "true"
+    assert gpu[keys.MIG_CONFIG] == "all-disabled"
+    assert keys.GPU_PRESENT not in env.node_labels("cpu-1")
+    for ds in env.daemonsets().values():
+        refs = ds["metadata"]["ownerReferences"]
+        assert refs[0]["kind"] == "ClusterPolicy"
+        assert ds["metadata"]["annotations"][keys.LAST_APPLIED_HASH]
+
+
+async def test_disable_and_reenable_an_operand(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    env.sim.store.patch("clusterpolicies.nvidia.com", "cluster-policy",
+                        {"spec": {"gfd": {"enabled": False}}})
+    await env.wait(lambda: "gpu-feature-discovery" not in env.daemonsets(), "GFD removed")
+    await env.wait_ready()
+    env.sim.store.patch("clusterpolicies.nvidia.com", "cluster-policy",
+                        {"spec": {"gfd": {"enabled": True}}})
+    await env.wait(lambda: "gpu-feature-discovery" in env.daemonsets(), "GFD back")
+    await env.wait_ready()
+
+
+async def test_env_change_writes_only_the_affected_daemonset(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    before = {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()}
+    generations = {n: d["metadata"]["generation"] for n, d in env.daemonsets().items()}
+    env.sim.store.patch("clusterpolicies.nvidia.com", "cluster-policy", {"spec": {
+        "devicePlugin": {"env": [{"name": "PASS_DEVICE_SPECS", "value": "true"}]}}})
+
+    def plugin_updated() -> bool:
+        ds = env.daemonsets()["nvidia-device-plugin-daemonset"]
+        return bool(ds["metadata"]["generation"] > generations["nvidia-device-plugin-daemonset"])
+
+    await env.wait(plugin_updated, "device plugin DaemonSet updated")
+    await env.wait_ready()
+    changed = {n for n, d in env.daemonsets().items()
+               if d["metadata"]["generation"] != generations[n]}
+    assert changed == {"nvidia-device-plugin-daemonset"}
+    container = env.daemonsets()["nvidia-device-plugin-daemonset"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert {"name": "PASS_DEVICE_SPECS", "value": "true"} in container["env"]
+    assert before  # the snapshot was taken
+
+
+async def test_steady_state_makes_no_writes(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    await env.sim.settle()
+        env.sim.stats.writes_by(user_agent=None) if hasattr(env.sim.stats, "writes_by") else None
+    )
+    rv = env.sim.store.resource_version
+    env.operator.queue.add("policy")
+    for name in ("gpu-1", "gpu-2", "cpu-1"):
+        env.operator.queue.add(f"node/{name}")
+    await env.wait(lambda: len(env.operator.queue) == 0, "queue drained")
+    await env.sim.settle()
+    changed = [
+        o for o in env.sim.store.list("daemonsets", namespace=NAMESPACE)
+        if int(o["metadata"]["resourceVersion"]) > rv
+    ]
+    assert changed == []
+    nodes_changed = [n for n in env.sim.store.list("nodes")
+                     if int(n["metadata"]["resourceVersion"]) > rv]
+    assert nodes_changed == []
+
+
+async def test_operands_false_and_back(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    env.sim.store.patch("nodes", "gpu-1", {"metadata": {"labels": {keys.DEPLOY_OPERANDS: "false"}}})
+    await env.wait(
+        lambda: not any(k.startswith(keys.DEPLOY_PREFIX) and k != keys.DEPLOY_OPERANDS
+                        for k in env.node_labels("gpu-1")),
+        "deploy labels removed",
+    )
+    env.sim.store.patch("nodes", "gpu-1", {"metadata": {"labels": {keys.DEPLOY_OPERANDS: "true"}}})
+    await env.wait(lambda: env.node_labels("gpu-1").get(keys.DEPLOY_PREFIX + "driver") == "true",
+                   "deploy labels back")
+
+
+async def test_new_gpu_node_is_labelled_and_removed_nfd_label_unlabels(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    gpu_node(env.sim, "gpu-3")
+    await env.wait(lambda: env.node_labels("gpu-3").get(keys.GPU_PRESENT) == "true", "gpu-3")
+    env.sim.store.patch("nodes", "gpu-3", {"metadata": {"labels": {
+        "feature.node.kubernetes.io/pci-10de.present": None}}})
+    await env.wait(lambda: env.node_labels("gpu-3").get(keys.GPU_PRESENT) == "false", "unlabelled")
+    assert not any(k.startswith(keys.DEPLOY_PREFIX) for k in env.node_labels("gpu-3"))
+
+
+async def test_human_deploy_label_is_not_overwritten(env: Env) -> None:
+    env.sim.store.patch("nodes", "gpu-1", {"metadata": {"labels": {
+        keys.DEPLOY_PREFIX + "dcgm-exporter": "false"}}})
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    assert env.node_labels("gpu-1")[keys.DEPLOY_PREFIX + "dcgm-exporter"] == "false"
+    events = env.sim.store.list("events", namespace=NAMESPACE) + env.sim.store.list(
+        "events", namespace="default"
+    )
+    assert any(e["reason"] == "LabelLeftAlone" for e in events)
+    message = conditions(env.policy()["status"])["Ready"]["message"]
+    assert "set by someone else" in message
+
+
+async def test_two_policies_the_older_wins(env: Env) -> None:
+    env.sim.store.create(policy())
+    second = policy()
+    second["metadata"]["name"] = "second"
+    env.sim.store.create(second)
+    env.start_operator()
+    await env.wait_ready()
+    await env.wait(
+        lambda: (env.policy("second").get("status") or {}).get("state") == "ignored", "ignored"
+    )
+
+
+async def test_malformed_policy_gets_a_condition_and_changes_nothing(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    before = {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()}
+    env.sim.store.patch("clusterpolicies.nvidia.com", "cluster-policy",
+                        {"spec": {"driver": {"upgradePolicy": {"maxUnavailable": "lots"}}}})
+
+    def invalid() -> bool:
+        status = env.policy().get("status") or {}
+        error = conditions(status).get("Error") or {}
+        return bool(error.get("reason") == "InvalidSpec")
+
+    await env.wait(invalid, "InvalidSpec condition")
+    message = conditions(env.policy()["status"])["Error"]["message"]
+    assert "spec.driver.upgradePolicy.maxUnavailable" in message
+    assert {n: d["metadata"]["resourceVersion"] for n, d in env.daemonsets().items()} == before
+
+
+async def test_deleting_the_policy_cleans_objects_and_labels(env: Env) -> None:
+    env.sim.store.patch("nodes", "gpu-1", {"metadata": {"labels": {"team": "ml"}}})
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    env.sim.store.delete("clusterpolicies.nvidia.com", "cluster-policy")
+    await env.wait(lambda: not env.daemonsets(), "operand DaemonSets garbage-collected")
+
+    def clean() -> bool:
+        labels = env.node_labels("gpu-1")
+        return keys.GPU_PRESENT not in labels and not any(
+            k.startswith(keys.DEPLOY_PREFIX) for k in labels
+        )
+
+    await env.wait(clean, "operator labels removed")
+    node = env.sim.store.get("nodes", "gpu-1")
+    assert node is not None
+    assert ledger.ANNOTATION not in (node["metadata"].get("annotations") or {})
+    assert env.node_labels("gpu-1")["team"] == "ml"
+
+
+async def test_no_gpu_nodes_is_ready_without_daemonsets(env: Env) -> None:
+    env.sim.remove_node("gpu-1")
+    env.sim.remove_node("gpu-2")
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    assert conditions(env.policy()["status"])["Ready"]["reason"] == "NoGPUNodes"
+    assert not env.daemonsets()
+
+
+async def test_leader_election_one_active_and_failover(env: Env) -> None:
+    env.sim.store.create(policy())
+    first = env.start_operator(leader_elect=True, identity="a")
+    await env.wait_ready()
+    second = env.start_operator(leader_elect=True, identity="b")
+    await env.wait(second.ready.is_set, "standby caches synced")
+    assert first.elector is not None
+    assert second.elector is not None
+    assert first.elector.is_leader.is_set()
+    assert not second.elector.is_leader.is_set()
+    await env.stop_operator(first)
+    await env.wait(second.elector.is_leader.is_set, "standby took over", timeout=30)
+    env.sim.store.patch("clusterpolicies.nvidia.com", "cluster-policy",
+                        {"spec": {"gfd": {"enabled": False}}})
+    await env.wait(lambda: "gpu-feature-discovery" not in env.daemonsets(), "new leader acts")
+
+
+async def test_restart_mid_reconcile_converges_without_duplicates(env: Env) -> None:
+    env.sim.store.create(policy())
+    first = env.start_operator()
+    await env.wait(lambda: len(env.daemonsets()) >= 1, "some DaemonSets written")
+    await env.stop_operator(first)
+    env.start_operator()
+    await env.wait_ready()
+    names = [d["metadata"]["name"] for d in env.sim.store.list("daemonsets", namespace=NAMESPACE)]
+    assert len(names) == len(set(names))
