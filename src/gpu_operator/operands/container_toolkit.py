@@ -1,0 +1,197 @@
+"""State `state-container-toolkit`: installs the NVIDIA runtime and wires it into the CRI."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from gpu_operator import api
+from gpu_operator.api import enablement
+from gpu_operator.operands import common
+from gpu_operator.operands.common import Obj, container, env, host_path, mount, set_env
+from gpu_operator.operands.facts import ClusterFacts
+
+NAME = "state-container-toolkit"
+DS_NAME = "nvidia-container-toolkit-daemonset"
+SA_NAME = "nvidia-container-toolkit"
+CTR = "nvidia-container-toolkit-ctr"
+ENTRYPOINT_CM = "nvidia-container-toolkit-entrypoint"
+DEFAULT_INSTALL_DIR = "/usr/local/nvidia"
+CDI_KIND = "management.nvidia.com/gpu"
+NRI_SOCKET = "/var/run/nri/nri.sock"
+CRIO_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
+
+# Per runtime: the top-level config, the drop-in file and the control socket on the host.
+RUNTIME_CONFIG = {
+    "docker": "/etc/docker/daemon.json",
+    "containerd": "/etc/containerd/config.toml",
+    "crio": "/etc/crio/config.toml",
+}
+RUNTIME_DROP_IN = {
+    "containerd": "/etc/containerd/conf.d/99-nvidia.toml",
+    "crio": "/etc/crio/crio.conf.d/99-nvidia.conf",
+}
+RUNTIME_SOCKET = {
+    "docker": "/var/run/docker.sock",
+    "containerd": "/run/containerd/containerd.sock",
+}
+
+ENTRYPOINT = """#!/bin/sh
+# Wait for the validated driver, take its root paths, then run the toolkit installer.
+until [ -f /run/nvidia/validations/driver-ready ]; do
+  echo "waiting for the driver validation"; sleep 5
+done
+set -o allexport
+. /run/nvidia/validations/driver-ready
+set +o allexport
+exec nvidia-toolkit
+"""
+
+
+def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
+    return enablement.is_enabled(policy.spec, "toolkit")
+
+
+def _base(facts: ClusterFacts) -> Obj:
+    main = container(
+        CTR,
+        command=["/bin/sh", "-c"],
+        args=["/bin/entrypoint.sh"],
+        env_vars=[
+            env("ROOT", DEFAULT_INSTALL_DIR),
+            env("NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND", CDI_KIND),
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            env("TOOLKIT_PID_FILE", "/run/nvidia/toolkit/toolkit.pid"),
+        ],
+        mounts=[
+            mount("nvidia-container-toolkit-entrypoint", "/bin/entrypoint.sh", read_only=True),
+            mount("toolkit-root", "/run/nvidia/toolkit"),
+            mount("run-nvidia-validations", common.VALIDATIONS_DIR),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+            mount("host-root", "/host", read_only=True),
+            mount("toolkit-install-dir", DEFAULT_INSTALL_DIR),
+            mount("cdi-root", "/var/run/cdi"),
+        ],
+        privileged=True,
+    )
+    main["volumeMounts"][0]["subPath"] = "entrypoint.sh"
+    volumes = [
+        {
+            "name": "nvidia-container-toolkit-entrypoint",
+            "configMap": {"name": ENTRYPOINT_CM, "defaultMode": 448},
+        },
+        host_path("toolkit-root", "/run/nvidia/toolkit", "DirectoryOrCreate"),
+        *common.VALIDATION_VOLUMES,
+        *common.DRIVER_VALIDATION_VOLUMES,
+        host_path("toolkit-install-dir", DEFAULT_INSTALL_DIR),
+        host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+    ]
+    return common.daemonset(
+        DS_NAME,
+        NAME,
+        facts,
+        deploy_label="container-toolkit",
+        service_account_name=SA_NAME,
+        main=[main],
+        inits=[common.driver_validation_init(with_wait=True)],
+        volumes=volumes,
+        host_pid=True,
+    )
+
+
+def _mount_host_file(ds: Obj, ctr: Obj, volume: str, host_file: str, ctr_dir: str) -> str:
+    """Mount the directory of a host file; return the file's path inside the container."""
+    directory, base = posixpath.split(host_file)
+    common.add_volume(ds, host_path(volume, directory, "DirectoryOrCreate"))
+    common.add_mount(ctr, mount(volume, ctr_dir))
+    return f"{ctr_dir.rstrip('/')}/{base}"
+
+
+def _wire_runtime(ds: Obj, ctr: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
+    runtime = facts.runtime
+    upper = runtime.upper()
+    set_env(ctr, "RUNTIME", runtime)
+    if enablement.nri_plugin_enabled(policy.spec):
+        # NRI injects devices without touching the runtime config: only its socket is needed.
+        host_socket = common.get_env(ctr, "NRI_SOCKET") or NRI_SOCKET
+        path = _mount_host_file(ds, ctr, "nri-socket", host_socket, "/runtime/nri-sock-dir/")
+        set_env(ctr, "NRI_SOCKET", path)
+        return
+    if runtime == "containerd":
+        set_env(ctr, "CONTAINERD_RUNTIME_CLASS", policy.spec.operator.runtimeClass or "nvidia")
+    # A user may point the config at another host path (k3s, RKE2) through the env.
+    config = (
+        common.get_env(ctr, "RUNTIME_CONFIG")
+        or common.get_env(ctr, f"{upper}_CONFIG")
+        or RUNTIME_CONFIG[runtime]
+    )
+    path = _mount_host_file(ds, ctr, "runtime-config", config, "/runtime/config-dir/")
+    set_env(ctr, "RUNTIME_CONFIG", path)
+    set_env(ctr, f"{upper}_CONFIG", path)
+    drop_in = common.get_env(ctr, "RUNTIME_DROP_IN_CONFIG") or RUNTIME_DROP_IN.get(runtime)
+    if drop_in:
+        path = _mount_host_file(
+            ds, ctr, "runtime-drop-in-config", drop_in, "/runtime/config-dir.d/"
+        )
+        set_env(ctr, "RUNTIME_DROP_IN_CONFIG", path)
+        set_env(ctr, "RUNTIME_DROP_IN_CONFIG_HOST_PATH", drop_in)
+    socket = (
+        common.get_env(ctr, "RUNTIME_SOCKET")
+        or common.get_env(ctr, f"{upper}_SOCKET")
+        or RUNTIME_SOCKET.get(runtime)
+    )
+    if socket:
+        path = _mount_host_file(ds, ctr, "runtime-socket", socket, "/runtime/sock-dir/")
+        set_env(ctr, "RUNTIME_SOCKET", path)
+        set_env(ctr, f"{upper}_SOCKET", path)
+    source = common.get_env(ctr, "RUNTIME_CONFIG_SOURCE")
+    if source:
+        # `file=` sources name host files, which the container sees under /host.
+        parts = [
+            f"file=/host{p[len('file=') :]}" if p.startswith("file=/") else p
+            for p in source.split(",")
+        ]
+        set_env(ctr, "RUNTIME_CONFIG_SOURCE", ",".join(parts))
+
+
+def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
+    spec = policy.spec
+    toolkit = spec.toolkit
+    ctr = common.main_container(ds)
+    # User env goes first here: the runtime wiring reads the host paths users set and rewrites
+    # them to the paths inside the container.
+    common.apply_operand_spec(ds, toolkit, "toolkit", facts)
+    cdi_on = enablement.is_enabled(spec, "cdi")
+    if cdi_on:
+        set_env(ctr, "CDI_ENABLED", "true")
+        set_env(ctr, "NVIDIA_RUNTIME_SET_AS_DEFAULT", "false")
+        set_env(ctr, "NVIDIA_CONTAINER_RUNTIME_MODE", "cdi")
+        if facts.runtime == "crio":
+            set_env(ctr, "CRIO_CONFIG_MODE", "config")
+        if enablement.nri_plugin_enabled(spec):
+            set_env(ctr, "ENABLE_NRI_PLUGIN", "true")
+    elif facts.runtime == "crio":
+        set_env(ctr, "CRIO_CONFIG_MODE", "hook")
+    install_dir = toolkit.installDir or DEFAULT_INSTALL_DIR
+    if install_dir != DEFAULT_INSTALL_DIR:
+        set_env(ctr, "ROOT", install_dir)
+        common.add_volume(ds, host_path("toolkit-install-dir", install_dir))
+        common.add_mount(ctr, mount("toolkit-install-dir", install_dir))
+    if facts.runtime == "crio":
+        common.add_volume(ds, host_path("crio-hooks", CRIO_HOOKS_DIR))
+        common.add_mount(ctr, mount("crio-hooks", CRIO_HOOKS_DIR))
+    _wire_runtime(ds, ctr, policy, facts)
+
+
+def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
+    objects = common.rbac(
+        SA_NAME,
+        NAME,
+        facts,
+        cluster_rules=[common.rule([""], ["nodes"], ("get", "list", "watch", "patch"))],
+        namespace_rules=[common.rule([""], ["pods"], common.READ)],
+    )
+    objects.append(common.config_map(ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}))
+    ds = _base(facts)
+    objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
+    return objects

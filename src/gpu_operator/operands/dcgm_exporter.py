@@ -1,0 +1,228 @@
+"""State `state-dcgm-exporter`: GPU metrics for Prometheus on port 9400."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator import api
+from gpu_operator.api import enablement
+from gpu_operator.operands import common
+from gpu_operator.operands.common import Obj, container, env, host_path, mount, set_env
+from gpu_operator.operands.facts import ClusterFacts
+
+NAME = "state-dcgm-exporter"
+DS_NAME = "nvidia-dcgm-exporter"
+SA_NAME = "nvidia-dcgm-exporter"
+CTR = "nvidia-dcgm-exporter"
+PORT = 9400
+PORT_NAME = "gpu-metrics"
+READ_PODS = "nvidia-dcgm-exporter-read-pods"
+METRICS_CM = "default-dcgm-exporter-metrics"
+METRICS_KEY = "dcgm-metrics.csv"
+METRICS_PATH = f"/etc/dcgm-exporter/{METRICS_KEY}"
+REMOTE_ENGINE = "DCGM_REMOTE_HOSTENGINE_INFO"
+POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
+POD_UID_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"
+ALLOWLIST_ENV = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"
+
+# The exporter's default counters (field, Prometheus type, help), reference §3.1.
+DEFAULT_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+    ),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+    ),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status."),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors.",
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors.",
+    ),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
+    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version."),
+    (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "Ratio of time the graphics engine is active.",
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+    ),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active."),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus."),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus."),
+)
+
+
+def default_metrics_csv() -> str:
+    """The default counters file: `field, type, help` lines after a comment header."""
+    lines = ["# Format", "# DCGM FIELD, Prometheus metric type, help message", ""]
+    lines += [f"{name}, {kind}, {help_text}" for name, kind, help_text in DEFAULT_COUNTERS]
+    return "\n".join(lines) + "\n"
+
+
+def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
+    return enablement.is_enabled(policy.spec, "dcgmExporter")
+
+
+def _env_true(spec: api.clusterpolicy.DCGMExporterSpec, name: str) -> bool:
+    return any(e.name == name and (e.value or "").lower() == "true" for e in spec.env or ())
+
+
+def needs_pod_access(policy: api.ClusterPolicy) -> bool:
+    """Pod labels or UIDs need the API (the read-pods RBAC gate), via fields or env."""
+    spec = policy.spec.dcgmExporter
+    return bool(
+        spec.enablePodLabels
+        or spec.enablePodUID
+        or _env_true(spec, POD_LABELS_ENV)
+        or _env_true(spec, POD_UID_ENV)
+    )
+
+
+def metrics_config_map(policy: api.ClusterPolicy) -> str:
+    config = policy.spec.dcgmExporter.config
+    return config.name if config and config.name else METRICS_CM
+
+
+def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
+    kubelet = enablement.host_paths(policy.spec).kubeletRootDir.rstrip("/")
+    main = container(
+        CTR,
+        command=["/bin/bash", "-c"],
+        args=["exec dcgm-exporter"],
+        env_vars=[
+            env("DCGM_EXPORTER_LISTEN", f":{PORT}"),
+            env("DCGM_EXPORTER_KUBERNETES", "true"),
+            env("DCGM_EXPORTER_COLLECTORS", METRICS_PATH),
+            common.node_name_env(),
+        ],
+        mounts=[
+            mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", read_only=True),
+            mount("metrics-config", METRICS_PATH, read_only=True),
+        ],
+        privileged=True,
+    )
+    main["volumeMounts"][1]["subPath"] = METRICS_KEY
+    main["ports"] = [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}]
+    health = {"httpGet": {"path": "/health", "port": PORT}, "initialDelaySeconds": 45}
+    main["livenessProbe"] = {**health, "periodSeconds": 5}
+    main["readinessProbe"] = {**health, "periodSeconds": 5}
+    ds = common.daemonset(
+        DS_NAME,
+        NAME,
+        facts,
+        deploy_label="dcgm-exporter",
+        service_account_name=SA_NAME,
+        main=[main],
+        inits=[common.toolkit_ready_init()],
+        volumes=[
+            host_path("pod-gpu-resources", f"{kubelet}/pod-resources"),
+            {"name": "metrics-config", "configMap": {"name": metrics_config_map(policy)}},
+            *common.VALIDATION_VOLUMES,
+        ],
+    )
+    common.pod_spec(ds)["automountServiceAccountToken"] = False
+    return ds
+
+
+def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
+    spec = policy.spec
+    exporter = spec.dcgmExporter
+    ctr = common.main_container(ds)
+    pod = common.pod_spec(ds)
+    if enablement.is_enabled(spec, "dcgm"):
+        set_env(ctr, REMOTE_ENGINE, f"nvidia-dcgm:{5555}")
+    if exporter.hostPID:
+        pod["hostPID"] = True
+    hpc = exporter.hpcJobMapping
+    if hpc and hpc.enabled:
+        set_env(ctr, "DCGM_HPC_JOB_MAPPING_DIR", hpc.directory)
+        common.add_volume(ds, host_path("hpc-job-mapping", hpc.directory, "DirectoryOrCreate"))
+        common.add_mount(ctr, mount("hpc-job-mapping", hpc.directory, read_only=True))
+    if exporter.enablePodLabels:
+        set_env(ctr, POD_LABELS_ENV, "true")
+    if exporter.enablePodUID:
+        set_env(ctr, POD_UID_ENV, "true")
+    if exporter.podLabelAllowlistRegex:
+        set_env(ctr, ALLOWLIST_ENV, ",".join(exporter.podLabelAllowlistRegex))
+    if needs_pod_access(policy):
+        pod["automountServiceAccountToken"] = True
+    if exporter.annotations:
+        ds["spec"]["template"]["metadata"].setdefault("annotations", {}).update(
+            exporter.annotations
+        )
+    common.apply_runtime_class(ds, policy, facts)
+    common.apply_operand_spec(ds, exporter, "dcgmExporter", facts)
+    # An embedded host engine reached on localhost only works on the host's network.
+    remote = common.get_env(ctr, REMOTE_ENGINE) or ""
+    if remote.startswith("localhost"):
+        common.set_host_network(ds)
+
+
+def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """RBAC (+ read-pods gate), metrics ConfigMap, DaemonSet, Service and maybe a ServiceMonitor."""
+    exporter = policy.spec.dcgmExporter
+    objects = common.rbac(SA_NAME, NAME, facts)
+    if needs_pod_access(policy):
+        objects += common.rbac(
+            READ_PODS,
+            NAME,
+            facts,
+            cluster_rules=[common.rule([""], ["pods"], common.READ)],
+        )[1:]
+        # The role binds the exporter's own service account, not a second one.
+        for obj in objects[-2:]:
+            if obj["kind"] == "ClusterRoleBinding":
+                obj["subjects"][0]["name"] = SA_NAME
+    if metrics_config_map(policy) == METRICS_CM:
+        objects.append(
+            common.config_map(METRICS_CM, NAME, facts, {METRICS_KEY: default_metrics_csv()})
+        )
+    ds = _base(policy, facts)
+    objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
+    service = exporter.service
+    objects.append(
+        common.service(
+            DS_NAME,
+            NAME,
+            facts,
+            port=PORT,
+            port_name=PORT_NAME,
+            service_type=service.type if service else None,
+            internal_traffic_policy=service.internalTrafficPolicy if service else None,
+            annotations={"prometheus.io/scrape": "true"},
+        )
+    )
+    monitor = exporter.serviceMonitor
+    if facts.has_servicemonitor_crd and monitor is not None and monitor.enabled:
+        objects.append(
+            common.service_monitor(DS_NAME, NAME, facts, port_name=PORT_NAME, settings=monitor)
+        )
+    return objects

@@ -1,0 +1,208 @@
+"""Readiness of operand workloads (reference §3.6), with the first concrete problem as the reason.
+
+Upstream only says "not ready"; here the reason names a pod and what is wrong with it (a
+container waiting in CrashLoopBackOff, an image that cannot be pulled, a pod that cannot be
+scheduled, an out-of-date revision), so status can explain itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+REVISION_HASH_LABEL = "controller-revision-hash"
+# Waiting reasons that are normal while a pod starts; anything else is worth reporting first.
+_BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
+# Waiting reasons whose message is worth quoting (it names the image or the missing object).
+_QUOTE_MESSAGE = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether a workload is ready, how many pods it wants, how many are not ready, and why."""
+
+    ready: bool
+    desired: int
+    not_ready: int
+    reason: str
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int) else 0
+
+
+def _owned_by(pod: Obj, owner: Obj) -> bool:
+    uid = owner.get("metadata", {}).get("uid")
+    name = owner.get("metadata", {}).get("name")
+    for ref in pod.get("metadata", {}).get("ownerReferences") or []:
+        if uid and ref.get("uid") == uid:
+            return True
+        if not uid and ref.get("kind") == owner.get("kind") and ref.get("name") == name:
+            return True
+    return False
+
+
+def newest_revision_hash(ds: Obj, revisions: list[Obj]) -> str | None:
+    """The hash of the DaemonSet's newest ControllerRevision (highest `.revision`)."""
+    name = ds["metadata"]["name"]
+    own = [r for r in revisions if r.get("metadata", {}).get("name", "").startswith(name)]
+    if not own:
+        return None
+    newest = max(own, key=lambda r: _int(r.get("revision")))
+    labels = newest.get("metadata", {}).get("labels") or {}
+    found = labels.get(REVISION_HASH_LABEL)
+    if found:
+        return str(found)
+    # A revision is named `<ds>-<hash>` when it carries no hash label.
+    return str(newest["metadata"]["name"]).removeprefix(f"{name}-")
+
+
+def _container_problem(statuses: list[Obj], kind: str) -> tuple[int, str] | None:
+    """(severity, text) of the worst container status; higher severity is reported first."""
+    worst: tuple[int, str] | None = None
+    for status in statuses:
+        name = status.get("name", "?")
+        state = status.get("state") or {}
+        restarts = _int(status.get("restartCount"))
+        found: tuple[int, str] | None = None
+        waiting = state.get("waiting")
+        terminated = state.get("terminated")
+        if waiting is not None:
+            reason = waiting.get("reason") or "Waiting"
+            severity = 1 if reason in _BENIGN_WAITING else 3
+            text = f"{kind} {name} in {reason}"
+            message = waiting.get("message")
+            if message and reason in _QUOTE_MESSAGE:
+                text += f": {message}"
+            if restarts:
+                text += f" (restarted {restarts} times)"
+            found = (severity, text)
+        elif terminated is not None and _int(terminated.get("exitCode")) != 0:
+            reason = terminated.get("reason") or "Error"
+            code = _int(terminated.get("exitCode"))
+            found = (3, f"{kind} {name} terminated with exit code {code} ({reason})")
+        elif kind == "container" and not status.get("ready", False):
+            suffix = f" (restarted {restarts} times)" if restarts else ""
+            found = (2, f"{kind} {name} is not ready{suffix}")
+        if found is not None and (worst is None or found[0] > worst[0]):
+            worst = found
+    return worst
+
+
+def pod_problem(pod: Obj, newest_hash: str | None = None) -> tuple[int, str] | None:
+    """The most telling problem of one pod, or None when it is Running and ready."""
+    status = pod.get("status") or {}
+    labels = pod.get("metadata", {}).get("labels") or {}
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return (1, "terminating")
+    phase = status.get("phase") or "Pending"
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            reason = condition.get("reason") or "Unschedulable"
+            message = condition.get("message")
+            return (4, f"pod not scheduled ({reason}{': ' + message if message else ''})")
+    problems = [
+        p
+        for p in (
+            _container_problem(status.get("initContainerStatuses") or [], "init container"),
+            _container_problem(status.get("containerStatuses") or [], "container"),
+        )
+        if p is not None
+    ]
+    if problems:
+        worst = max(problems, key=lambda p: p[0])
+        if worst[0] > 1 or phase != "Running":
+            return worst
+    if phase in ("Failed", "Succeeded"):
+        return (3, f"pod {phase}{': ' + status['reason'] if status.get('reason') else ''}")
+    if phase != "Running":
+        return (1, f"pod {phase}")
+    if problems:
+        return problems[0]
+    if newest_hash is not None and labels.get(REVISION_HASH_LABEL) != newest_hash:
+        return (2, "runs an out-of-date revision (waiting to be replaced)")
+    return None
+
+
+def _first_problem(pods: list[Obj], newest_hash: str | None) -> tuple[int, str]:
+    """How many pods have a problem and a description of the most severe one."""
+    found: list[tuple[int, str, str]] = []
+    for pod in pods:
+        problem = pod_problem(pod, newest_hash)
+        if problem is not None:
+            node = pod.get("spec", {}).get("nodeName") or pod.get("metadata", {}).get("name", "?")
+            found.append((problem[0], node, problem[1]))
+    if not found:
+        return 0, ""
+    severity = max(f[0] for f in found)
+    node, text = next((n, t) for s, n, t in found if s == severity)
+    return len(found), f"{node}: {text}"
+
+
+def daemonset_readiness(ds: Obj, pods: list[Obj], revisions: list[Obj]) -> Readiness:
+    """Upstream's DaemonSet readiness (OnDelete revision check included), explained."""
+    name = ds.get("metadata", {}).get("name", "?")
+    status = ds.get("status") or {}
+    desired = _int(status.get("desiredNumberScheduled"))
+    if desired == 0:
+        return Readiness(True, 0, 0, "")
+    owned = [p for p in pods if _owned_by(p, ds)]
+    strategy = (ds.get("spec", {}).get("updateStrategy") or {}).get("type", "RollingUpdate")
+    newest = newest_revision_hash(ds, revisions) if strategy == "OnDelete" else None
+    problems, detail = _first_problem(owned, newest)
+
+    def not_ready(count: int, summary: str) -> Readiness:
+        count = max(count, 1)
+        reason = f"{name}: {summary}" + (f"; {detail}" if detail else "")
+        return Readiness(False, desired, count, reason)
+
+    unavailable = _int(status.get("numberUnavailable"))
+    if unavailable != 0:
+        return not_ready(unavailable, f"{unavailable}/{desired} pods not ready")
+    if strategy != "OnDelete":
+        generation = _int(ds.get("metadata", {}).get("generation"))
+        observed = _int(status.get("observedGeneration"))
+        if observed < generation:
+            return not_ready(desired, "the DaemonSet controller has not seen the latest spec yet")
+        updated = _int(status.get("updatedNumberScheduled"))
+        available = _int(status.get("numberAvailable"))
+        if updated != desired or available != desired:
+            lagging = desired - min(updated, available)
+            return not_ready(
+                lagging, f"{updated}/{desired} pods updated, {available}/{desired} available"
+            )
+        return Readiness(True, desired, 0, "")
+    if not owned:
+        return not_ready(desired, f"0/{desired} pods exist")
+    if newest is None:
+        return not_ready(desired, "no ControllerRevision found")
+    if problems:
+        return not_ready(problems, f"{problems}/{desired} pods not ready or not up to date")
+    return Readiness(True, desired, 0, "")
+
+
+def deployment_readiness(deployment: Obj, pods: list[Obj]) -> Readiness:
+    """A Deployment is ready when no replica is unavailable and its first pod runs."""
+    name = deployment.get("metadata", {}).get("name", "?")
+    status = deployment.get("status") or {}
+    desired = _int(deployment.get("spec", {}).get("replicas", 1))
+    unavailable = _int(status.get("unavailableReplicas"))
+    problems, detail = _first_problem(pods, None)
+    if unavailable or (desired and not pods):
+        count = unavailable or desired
+        reason = f"{name}: {count}/{desired} replicas not available" + (
+            f"; {detail}" if detail else ""
+        )
+        return Readiness(False, desired, count, reason)
+    if pods and pod_problem(pods[0]) is not None:
+        return Readiness(False, desired, max(problems, 1), f"{name}: {detail}")
+    return Readiness(True, desired, 0, "")
