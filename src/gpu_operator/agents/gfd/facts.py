@@ -117,8 +117,9 @@ def _gpu(dev: nvml.Device) -> GpuFacts:
         info = dev.fabric_info()
         if info.completed and info.cluster_uuid != _NO_FABRIC:
             fabric = (info.cluster_uuid, info.clique_id)
-    except nvml.NotSupported:
-        pass
+    except nvml.NvmlError as err:
+        # Older drivers lack the fabric call altogether; no fabric just means no clique label.
+        log.debug("no fabric info for %s: %s", dev.name(), err)
     return GpuFacts(
         name=dev.name(),
         memory_mib=total_mib,
