@@ -84,8 +84,9 @@ class ApiServer:
 
     def _status_response(self, exc: errors.ApiError) -> web.Response:
         headers = {}
-        if exc.code == 429:
-            headers["Retry-After"] = str((exc.details or {}).get("retryAfterSeconds", 1))
+        # Like the real server, only throttling carries Retry-After (a PDB refusal does not).
+        if exc.details and "retryAfterSeconds" in exc.details:
+            headers["Retry-After"] = str(exc.details["retryAfterSeconds"])
         return web.Response(
             body=dumps(exc.status()), status=exc.code, content_type=JSON_TYPE, headers=headers
         )

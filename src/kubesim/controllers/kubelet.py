@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import fnmatch
 import inspect
 import logging
@@ -719,7 +720,7 @@ class Kubelet(Controller):
     def ensure_lease(self, name: str) -> None:
         """Create or renew a node's Lease in kube-node-lease."""
         rt = self.rt("leases.coordination.k8s.io")
-        stamp = now().replace("Z", ".000000Z")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         current = self.store.peek(rt.key, LEASE_NAMESPACE, name)
         if current is None:
             node = self.store.peek(NODE_KEY, "", name)
