@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
-
 from gpu_operator import api
 from gpu_operator.api import keys
 from gpu_operator.controller import facts as facts_mod
@@ -29,6 +27,7 @@ from gpu_operator.controller.metrics import (
     OperatorMetrics,
 )
 from gpu_operator.kube import resources
+from gpu_operator.kube.client import AsyncClient
 from gpu_operator.kube.cache import Informer
 from gpu_operator.kube.leader import LeaderElector
 from gpu_operator.kube.queue import WorkQueue
@@ -537,4 +536,4 @@ def _without_times(status: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ApiError", "Operator", "Settings"]
+__all__ = ["Operator", "Settings"]

@@ -8,6 +8,8 @@ from lightkube.config.kubeconfig import KubeConfig
 
 FIELD_MANAGER = "gpu-operator"
 
+__all__ = ["FIELD_MANAGER", "AsyncClient", "ConnectError", "connect"]
+
 
 class ConnectError(Exception):
     """No usable cluster configuration (bad kubeconfig path, not in a cluster)."""
