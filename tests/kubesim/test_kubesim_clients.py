@@ -23,7 +23,9 @@ async def test_lightkube_crud_watch_and_apply(sim: kubesim.Cluster) -> None:
     client = AsyncClient(KubeConfig.from_file(sim.kubeconfig_path))
     try:
         assert [n.metadata.name async for n in client.list(Node)] == ["node-1", "node-2"]
-        await client.create(ConfigMap(metadata=ObjectMeta(name="c", namespace="default"), data={"a": "1"}))
+        await client.create(
+            ConfigMap(metadata=ObjectMeta(name="c", namespace="default"), data={"a": "1"})
+        )
         events: list[tuple[str, str]] = []
 
         async def watch() -> None:
@@ -48,7 +50,9 @@ async def test_lightkube_crud_watch_and_apply(sim: kubesim.Cluster) -> None:
             manifest["spec"]["template"]["spec"]["containers"][0]["image"] = "x:2"
             await client.apply(DaemonSet.from_dict(manifest), field_manager="intruder")
         assert conflict.value.status.code == 409
-        forced = await client.apply(DaemonSet.from_dict(manifest), field_manager="intruder", force=True)
+        forced = await client.apply(
+            DaemonSet.from_dict(manifest), field_manager="intruder", force=True
+        )
         assert forced.spec.template.spec.containers[0].image == "x:2"
         assert forced.metadata.generation == 2
     finally:
@@ -59,7 +63,13 @@ async def test_lightkube_watch_recovers_from_gone(sim: kubesim.Cluster) -> None:
     client = AsyncClient(KubeConfig.from_file(sim.kubeconfig_path))
     seen: list[str] = []
     try:
-        sim.store.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "default"}})
+        sim.store.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "a", "namespace": "default"},
+            }
+        )
         sim.faults.expire_next_watch()
 
         async def watch() -> None:
@@ -77,11 +87,14 @@ async def test_lightkube_watch_recovers_from_gone(sim: kubesim.Cluster) -> None:
 # ----- kubectl ---------------------------------------------------------------------------------
 
 needs_kubectl = pytest.mark.skipif(
-    not KUBECTL.exists(), reason="kubectl not installed (run scripts/setup, which runs scripts/install_tools.py)"
+    not KUBECTL.exists(),
+    reason="kubectl not installed (run scripts/setup, which runs scripts/install_tools.py)",
 )
 
 
-async def kubectl(sim: kubesim.Cluster, *args: str, stdin: str | None = None, check: bool = True) -> str:
+async def kubectl(
+    sim: kubesim.Cluster, *args: str, stdin: str | None = None, check: bool = True
+) -> str:
     env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
     proc = await asyncio.create_subprocess_exec(
         str(KUBECTL), *args, stdin=asyncio.subprocess.PIPE if stdin else None,
@@ -156,8 +169,22 @@ async def test_kubectl_apply_client_and_server_side_then_pods(sim: kubesim.Clust
         sim, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=DEPLOYMENT % "3"
     )
     deploy = sim.store.get("deployments", "web", "default") or {}
-    assert deploy["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "A", "value": "3"}]
-    await sim.wait_for(lambda: len([p for p in sim.store.list("pods", "default") if p["status"].get("phase") == "Running"]) == 2, 10)
+    assert deploy["spec"]["template"]["spec"]["containers"][0]["env"] == [
+        {"name": "A", "value": "3"}
+    ]
+    await sim.wait_for(
+        lambda: (
+            len(
+                [
+                    p
+                    for p in sim.store.list("pods", "default")
+                    if p["status"].get("phase") == "Running"
+                ]
+            )
+            == 2
+        ),
+        10,
+    )
     await sim.settle()
     pods = await kubectl(sim, "get", "pods", "-o", "wide")
     assert pods.count("Running") == 2
@@ -170,11 +197,23 @@ async def test_kubectl_apply_client_and_server_side_then_pods(sim: kubesim.Clust
 @needs_kubectl
 async def test_kubectl_drain_is_blocked_by_pdb_then_allowed(sim: kubesim.Cluster) -> None:
     await kubectl(sim, "apply", "-f", "-", stdin=DEPLOYMENT % "1")
-    await sim.wait_for(lambda: sum(1 for p in sim.store.list("pods", "default") if p["status"].get("phase") == "Running") == 2, 10)
+    await sim.wait_for(
+        lambda: (
+            sum(
+                1
+                for p in sim.store.list("pods", "default")
+                if p["status"].get("phase") == "Running"
+            )
+            == 2
+        ),
+        10,
+    )
     await sim.settle()
     pdb = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\nspec: {minAvailable: 2, selector: {matchLabels: {app: web}}}\n"
     await kubectl(sim, "apply", "-f", "-", stdin=pdb)
-    blocked = await kubectl(sim, "drain", "node-1", "--ignore-daemonsets", "--timeout=1s", check=False)
+    blocked = await kubectl(
+        sim, "drain", "node-1", "--ignore-daemonsets", "--timeout=1s", check=False
+    )
     assert "disruption budget" in blocked
     await kubectl(sim, "delete", "pdb", "web")
     out = await kubectl(sim, "drain", "node-1", "--ignore-daemonsets", "--timeout=30s")
@@ -229,4 +268,3 @@ async def test_cli_serve_writes_kubeconfig(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 10) == 0
-

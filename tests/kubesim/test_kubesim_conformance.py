@@ -25,7 +25,12 @@ CRD = {
     "metadata": {"name": "widgets.example.com"},
     "spec": {
         "group": "example.com",
-        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+        "names": {
+            "plural": "widgets",
+            "singular": "widget",
+            "kind": "Widget",
+            "shortNames": ["wd"],
+        },
         "scope": "Namespaced",
         "versions": [
             {
@@ -58,7 +63,10 @@ CRD = {
                                     },
                                 },
                             },
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            "status": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
                         },
                     }
                 },
@@ -133,7 +141,9 @@ async def test_openapi_v3_advertises_field_validation(api: Api) -> None:
 
 
 @pytest.mark.parametrize("rt", BUILTINS, ids=lambda rt: rt.qualified)
-async def test_every_builtin_resource_is_listable(api: Api, rt: kubesim.resources.ResourceType) -> None:
+async def test_every_builtin_resource_is_listable(
+    api: Api, rt: kubesim.resources.ResourceType
+) -> None:
     prefix = f"/apis/{rt.group}/{rt.version}" if rt.group else "/api/v1"
     body = await api.ok("GET", f"{prefix}/{rt.plural}")
     assert body["kind"] == rt.kind + "List"
@@ -146,7 +156,12 @@ async def test_crd_serves_its_kind_until_deleted(api: Api) -> None:
     assert {c["type"] for c in crd["status"]["conditions"]} == {"Established", "NamesAccepted"}
     resources = (await api.ok("GET", "/apis/example.com/v1"))["resources"]
     assert {r["name"] for r in resources} == {"widgets", "widgets/status"}
-    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 2}}
+    widget = {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w"},
+        "spec": {"size": 2},
+    }
     created = await api.ok("POST", WIDGETS, widget)
     assert created["metadata"]["generation"] == 1
     table = await api.ok(
@@ -155,7 +170,9 @@ async def test_crd_serves_its_kind_until_deleted(api: Api) -> None:
     names = [c["name"] for c in table["columnDefinitions"]]
     assert names == ["Name", "Size", "Age"]
     assert table["rows"][0]["cells"][:2] == ["w", 2]
-    await api.ok("DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com")
+    await api.ok(
+        "DELETE", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com"
+    )
     assert (await api.req("GET", WIDGETS))[0] == 404
 
 
@@ -249,13 +266,19 @@ async def test_generate_name_creates_unique_names(api: Api) -> None:
 
 
 async def test_namespaced_objects_need_an_existing_namespace(api: Api) -> None:
-    status, body = await api.req("POST", "/api/v1/namespaces/nope/configmaps", configmap("c", "nope"))
+    status, body = await api.req(
+        "POST", "/api/v1/namespaces/nope/configmaps", configmap("c", "nope")
+    )
     assert status == 404
     assert body["details"]["kind"] == "namespaces"
 
 
 async def test_deleting_a_namespace_deletes_its_contents(api: Api, sim: kubesim.Cluster) -> None:
-    await api.ok("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tmp"}})
+    await api.ok(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tmp"}},
+    )
     await api.ok("POST", "/api/v1/namespaces/tmp/configmaps", configmap("c", "tmp"))
     deleted = await api.ok("DELETE", "/api/v1/namespaces/tmp")
     assert deleted["status"]["phase"] == "Terminating"
@@ -289,7 +312,11 @@ async def test_json_patch_applies_operations_and_fails_tests(api: Api) -> None:
 async def test_strategic_merge_patch_merges_lists_by_key(api: Api) -> None:
     manifest = daemonset("d")
     manifest["spec"]["template"]["spec"]["containers"] = [
-        {"name": "a", "image": "a:1", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "1"}]},
+        {
+            "name": "a",
+            "image": "a:1",
+            "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "1"}],
+        },
         {"name": "b", "image": "b:1"},
     ]
     manifest["spec"]["template"]["spec"]["tolerations"] = [{"key": "t1", "operator": "Exists"}]
@@ -312,7 +339,10 @@ async def test_strategic_merge_patch_merges_lists_by_key(api: Api) -> None:
     pod_spec = body["spec"]["template"]["spec"]
     assert [c["name"] for c in pod_spec["containers"]] == ["a"]
     assert pod_spec["containers"][0]["image"] == "a:2"
-    assert pod_spec["containers"][0]["env"] == [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]
+    assert pod_spec["containers"][0]["env"] == [
+        {"name": "X", "value": "1"},
+        {"name": "Y", "value": "2"},
+    ]
     # Like the real API server, tolerations have no merge key: the list is replaced.
     assert pod_spec["tolerations"] == [{"key": "t2", "operator": "Exists"}]
 
@@ -336,8 +366,15 @@ async def test_strategic_merge_patch_merges_conditions_and_owner_references(api:
 
 
 async def test_server_side_apply_creates_and_tracks_managers(api: Api) -> None:
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}}
-    status, body = await api.req("PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "one"})
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c"},
+        "data": {"a": "1"},
+    }
+    status, body = await api.req(
+        "PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "one"}
+    )
     assert status == 201
     entry = body["metadata"]["managedFields"][0]
     assert entry["manager"] == "one"
@@ -346,10 +383,17 @@ async def test_server_side_apply_creates_and_tracks_managers(api: Api) -> None:
 
 
 async def test_server_side_apply_conflicts_unless_forced(api: Api) -> None:
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}}
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c"},
+        "data": {"a": "1"},
+    }
     await api.ok("PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "one"})
     config["data"] = {"a": "2"}
-    status, body = await api.req("PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "two"})
+    status, body = await api.req(
+        "PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "two"}
+    )
     assert status == 409
     assert_status(body, 409, "Conflict")
     assert body["details"]["causes"][0]["field"] == ".data.a"
@@ -365,8 +409,15 @@ async def test_server_side_apply_conflicts_unless_forced(api: Api) -> None:
 
 async def test_server_side_apply_conflicts_with_update_managers(api: Api) -> None:
     await api.ok("POST", CM, configmap("c"), params={"fieldManager": "editor"})
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "other"}}
-    status, body = await api.req("PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "op"})
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c"},
+        "data": {"k": "other"},
+    }
+    status, body = await api.req(
+        "PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "op"}
+    )
     assert status == 409
     assert 'conflict with "editor"' in body["message"]
     same = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v"}}
@@ -374,9 +425,16 @@ async def test_server_side_apply_conflicts_with_update_managers(api: Api) -> Non
 
 
 async def test_server_side_apply_removes_fields_no_longer_applied(api: Api) -> None:
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"x": "1"}}, "data": {"a": "1", "b": "2"}}
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "labels": {"x": "1"}},
+        "data": {"a": "1", "b": "2"},
+    }
     await api.ok("PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "one"})
-    await api.ok("PATCH", f"{CM}/c", {"data": {"mine": "z"}}, ctype=MERGE, params={"fieldManager": "other"})
+    await api.ok(
+        "PATCH", f"{CM}/c", {"data": {"mine": "z"}}, ctype=MERGE, params={"fieldManager": "other"}
+    )
     config["data"] = {"a": "1"}
     del config["metadata"]["labels"]
     body = await api.ok("PATCH", f"{CM}/c", config, ctype=APPLY, params={"fieldManager": "one"})
@@ -386,10 +444,29 @@ async def test_server_side_apply_removes_fields_no_longer_applied(api: Api) -> N
 
 async def test_server_side_apply_merges_keyed_lists_by_schema(api: Api) -> None:
     await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", CRD)
+
     def widget(items: list[dict[str, str]]) -> dict[str, Any]:
-        return {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"items": items}}
-    await api.ok("PATCH", f"{WIDGETS}/w", widget([{"name": "a", "value": "1"}]), ctype=APPLY, params={"fieldManager": "one"})
-    body = await api.ok("PATCH", f"{WIDGETS}/w", widget([{"name": "b", "value": "2"}]), ctype=APPLY, params={"fieldManager": "two"})
+        return {
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w"},
+            "spec": {"items": items},
+        }
+
+    await api.ok(
+        "PATCH",
+        f"{WIDGETS}/w",
+        widget([{"name": "a", "value": "1"}]),
+        ctype=APPLY,
+        params={"fieldManager": "one"},
+    )
+    body = await api.ok(
+        "PATCH",
+        f"{WIDGETS}/w",
+        widget([{"name": "b", "value": "2"}]),
+        ctype=APPLY,
+        params={"fieldManager": "two"},
+    )
     assert [i["name"] for i in body["spec"]["items"]] == ["a", "b"]
 
 
@@ -418,17 +495,32 @@ async def test_delete_orphan_keeps_dependents_without_owner(api: Api, sim: kubes
     assert "ownerReferences" not in remaining["metadata"]
 
 
-async def test_delete_foreground_waits_for_blocking_dependents(api: Api, sim: kubesim.Cluster) -> None:
+async def test_delete_foreground_waits_for_blocking_dependents(
+    api: Api, sim: kubesim.Cluster
+) -> None:
     owner = await api.ok("POST", CM, configmap("owner"))
     dependent = configmap("dep")
     dependent["metadata"]["finalizers"] = ["example.com/hold"]
     dependent["metadata"]["ownerReferences"] = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"], "blockOwnerDeletion": True}
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "owner",
+            "uid": owner["metadata"]["uid"],
+            "blockOwnerDeletion": True,
+        }
     ]
     await api.ok("POST", CM, dependent)
     body = await api.ok("DELETE", f"{CM}/owner", {"propagationPolicy": "Foreground"})
     assert "foregroundDeletion" in body["metadata"]["finalizers"]
-    await sim.wait_for(lambda: bool((sim.store.get("configmaps", "dep", "default") or {})["metadata"].get("deletionTimestamp")), 5)
+    await sim.wait_for(
+        lambda: bool(
+            (sim.store.get("configmaps", "dep", "default") or {})["metadata"].get(
+                "deletionTimestamp"
+            )
+        ),
+        5,
+    )
     await sim.settle()
     assert sim.store.get("configmaps", "owner", "default") is not None
     await api.ok("PATCH", f"{CM}/dep", {"metadata": {"finalizers": None}}, ctype=MERGE)
@@ -438,7 +530,13 @@ async def test_delete_foreground_waits_for_blocking_dependents(api: Api, sim: ku
 async def test_pod_deletion_honours_grace_period(api: Api, sim: kubesim.Cluster) -> None:
     sim.kubelet.config.termination_delay = 30
     await api.ok("POST", PODS, pod("p", "node-1"))
-    await sim.wait_for(lambda: (sim.store.get("pods", "p", "default") or {}).get("status", {}).get("phase") == "Running", 5)
+    await sim.wait_for(
+        lambda: (
+            (sim.store.get("pods", "p", "default") or {}).get("status", {}).get("phase")
+            == "Running"
+        ),
+        5,
+    )
     body = await api.ok("DELETE", f"{PODS}/p", params={"gracePeriodSeconds": "1"})
     assert body["metadata"]["deletionGracePeriodSeconds"] == 1
     assert sim.store.get("pods", "p", "default") is not None
@@ -464,7 +562,12 @@ async def test_deletecollection_honours_selectors(api: Api, sim: kubesim.Cluster
 
 async def test_status_subresource_separates_status_from_spec(api: Api) -> None:
     ds = await api.ok("POST", DS, daemonset("d"))
-    ds["status"] = {"numberReady": 99, "currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0}
+    ds["status"] = {
+        "numberReady": 99,
+        "currentNumberScheduled": 0,
+        "desiredNumberScheduled": 0,
+        "numberMisscheduled": 0,
+    }
     ds["spec"]["minReadySeconds"] = 5
     del ds["metadata"]["resourceVersion"]  # the DaemonSet controller writes status meanwhile
     updated = await api.ok("PUT", f"{DS}/d", ds)
@@ -502,7 +605,10 @@ async def test_label_selectors_equality_and_set_based(api: Api) -> None:
 async def test_field_selectors(api: Api, sim: kubesim.Cluster) -> None:
     await api.ok("POST", PODS, pod("on1", "node-1"))
     await api.ok("POST", PODS, pod("on2", "node-2"))
-    await sim.wait_for(lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")), 5)
+    await sim.wait_for(
+        lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")),
+        5,
+    )
 
     async def names(path: str, selector: str) -> list[str]:
         body = await api.ok("GET", path, params={"fieldSelector": selector})
@@ -536,7 +642,9 @@ async def test_expired_continue_token_is_gone(api: Api, sim: kubesim.Cluster) ->
     body = await api.ok("GET", CM, params={"limit": "1"})
     await api.ok("POST", CM, configmap("later"))
     sim.faults.restart()
-    status, result = await api.req("GET", CM, params={"limit": "1", "continue": body["metadata"]["continue"]})
+    status, result = await api.req(
+        "GET", CM, params={"limit": "1", "continue": body["metadata"]["continue"]}
+    )
     assert status == 410
     assert_status(result, 410, "Expired")
 
@@ -544,7 +652,9 @@ async def test_expired_continue_token_is_gone(api: Api, sim: kubesim.Cluster) ->
 # ----- watch ---------------------------------------------------------------------------------
 
 
-async def read_events(api: Api, path: str, params: dict[str, str], count: int) -> list[dict[str, Any]]:
+async def read_events(
+    api: Api, path: str, params: dict[str, str], count: int
+) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     async with api.session.get(path, params={"watch": "true", **params}) as resp:
         assert resp.status == 200
@@ -559,8 +669,13 @@ async def test_watch_from_resource_version_replays_later_events(api: Api) -> Non
     first = await api.ok("POST", CM, configmap("a"))
     await api.ok("POST", CM, configmap("b"))
     await api.ok("DELETE", f"{CM}/a")
-    events = await read_events(api, CM, {"resourceVersion": first["metadata"]["resourceVersion"]}, 2)
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "b"), ("DELETED", "a")]
+    events = await read_events(
+        api, CM, {"resourceVersion": first["metadata"]["resourceVersion"]}, 2
+    )
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "b"),
+        ("DELETED", "a"),
+    ]
 
 
 async def test_watch_without_resource_version_starts_with_current_state(api: Api) -> None:
@@ -590,7 +705,9 @@ async def test_watch_sends_bookmarks_when_allowed(api: Api) -> None:
 
 
 async def test_watch_ends_after_timeout_seconds(api: Api) -> None:
-    async with api.session.get(CM, params={"watch": "1", "timeoutSeconds": "0.2", "resourceVersion": "1"}) as resp:
+    async with api.session.get(
+        CM, params={"watch": "1", "timeoutSeconds": "0.2", "resourceVersion": "1"}
+    ) as resp:
         body = await asyncio.wait_for(resp.read(), 5)
     assert body == b""
 
@@ -614,7 +731,9 @@ async def test_finalizers_hold_deletion_until_removed(api: Api, sim: kubesim.Clu
     await api.ok("POST", CM, manifest)
     body = await api.ok("DELETE", f"{CM}/c")
     assert body["metadata"]["deletionTimestamp"]
-    status, result = await api.req("PATCH", f"{CM}/c", {"metadata": {"finalizers": ["example.com/x", "new"]}}, ctype=MERGE)
+    status, result = await api.req(
+        "PATCH", f"{CM}/c", {"metadata": {"finalizers": ["example.com/x", "new"]}}, ctype=MERGE
+    )
     assert status == 422
     await api.ok("PATCH", f"{CM}/c", {"metadata": {"finalizers": []}}, ctype=MERGE)
     assert sim.store.get("configmaps", "c", "default") is None
@@ -623,18 +742,36 @@ async def test_finalizers_hold_deletion_until_removed(api: Api, sim: kubesim.Clu
 async def test_eviction_honours_pod_disruption_budgets(api: Api, sim: kubesim.Cluster) -> None:
     await api.ok("POST", PODS, pod("a", "node-1", app="web"))
     await api.ok("POST", PODS, pod("b", "node-2", app="web"))
-    await sim.wait_for(lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")), 5)
+    await sim.wait_for(
+        lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")),
+        5,
+    )
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}  # fmt: skip
     await api.ok("POST", "/apis/policy/v1/namespaces/default/poddisruptionbudgets", pdb)
-    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "a", "namespace": "default"}}
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "a", "namespace": "default"},
+    }
     status, body = await api.req("POST", f"{PODS}/a/eviction", eviction)
     assert status == 429
     assert_status(body, 429, "TooManyRequests")
     await sim.wait_for(
-        lambda: (sim.store.get("poddisruptionbudgets", "web", "default") or {}).get("status", {}).get("currentHealthy") == 2, 5
+        lambda: (
+            (sim.store.get("poddisruptionbudgets", "web", "default") or {})
+            .get("status", {})
+            .get("currentHealthy")
+            == 2
+        ),
+        5,
     )
-    await api.ok("PATCH", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/web", {"spec": {"minAvailable": 1}}, ctype=MERGE)
+    await api.ok(
+        "PATCH",
+        "/apis/policy/v1/namespaces/default/poddisruptionbudgets/web",
+        {"spec": {"minAvailable": 1}},
+        ctype=MERGE,
+    )
     status, body = await api.req("POST", f"{PODS}/a/eviction", eviction)
     assert status == 201
     await sim.wait_for(lambda: sim.store.get("pods", "a", "default") is None, 5)
@@ -646,19 +783,28 @@ async def test_eviction_honours_pod_disruption_budgets(api: Api, sim: kubesim.Cl
 async def test_malformed_bodies_get_bad_request_status(api: Api) -> None:
     status, body = await api.req("POST", CM, raw=b"{not json")
     assert_status(body, 400, "BadRequest")
-    status, body = await api.req("PATCH", f"{CM}/x", raw=b"a: [", ctype=APPLY, params={"fieldManager": "m"})
+    status, body = await api.req(
+        "PATCH", f"{CM}/x", raw=b"a: [", ctype=APPLY, params={"fieldManager": "m"}
+    )
     assert_status(body, 400, "BadRequest")
     await api.ok("POST", CM, configmap("c"))
     status, body = await api.req("PATCH", f"{CM}/c", {"op": "add"}, ctype=JSONP)
     assert_status(body, 400, "BadRequest")
     status, body = await api.req("PATCH", f"{CM}/c", {}, ctype="text/plain")
     assert_status(body, 415, "UnsupportedMediaType")
-    status, body = await api.req("POST", CM, raw=b"k8s\x00...", ctype="application/vnd.kubernetes.protobuf")
+    status, body = await api.req(
+        "POST", CM, raw=b"k8s\x00...", ctype="application/vnd.kubernetes.protobuf"
+    )
     assert status == 415
 
 
 async def test_unknown_resources_are_not_found(api: Api) -> None:
-    for path in ("/api/v1/nothings", "/apis/nothing.io/v1/things", "/apis/apps/v9/daemonsets", "/other"):
+    for path in (
+        "/api/v1/nothings",
+        "/apis/nothing.io/v1/things",
+        "/apis/apps/v9/daemonsets",
+        "/other",
+    ):
         status, body = await api.req("GET", path)
         assert status == 404, path
         assert body["kind"] == "Status"
@@ -666,13 +812,20 @@ async def test_unknown_resources_are_not_found(api: Api) -> None:
 
 async def test_strategic_merge_patch_on_custom_resources_is_unsupported(api: Api) -> None:
     await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", CRD)
-    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1}}
+    widget = {
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w"},
+        "spec": {"size": 1},
+    }
     await api.ok("POST", WIDGETS, widget)
     status, body = await api.req("PATCH", f"{WIDGETS}/w", {"spec": {"size": 2}}, ctype=SMP)
     assert_status(body, 415, "UnsupportedMediaType")
 
 
-async def test_injected_throttling_returns_too_many_requests(api: Api, sim: kubesim.Cluster) -> None:
+async def test_injected_throttling_returns_too_many_requests(
+    api: Api, sim: kubesim.Cluster
+) -> None:
     sim.faults.add(verb="list", resource="configmaps", code=429, count=1)
     async with api.session.get(CM) as resp:
         assert resp.status == 429
@@ -683,9 +836,24 @@ async def test_injected_throttling_returns_too_many_requests(api: Api, sim: kube
 
 async def test_table_output_for_pods(api: Api, sim: kubesim.Cluster) -> None:
     await api.ok("POST", PODS, pod("p", "node-1"))
-    await sim.wait_for(lambda: (sim.store.get("pods", "p", "default") or {}).get("status", {}).get("phase") == "Running", 5)
-    table = await api.ok("GET", PODS, headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"})
+    await sim.wait_for(
+        lambda: (
+            (sim.store.get("pods", "p", "default") or {}).get("status", {}).get("phase")
+            == "Running"
+        ),
+        5,
+    )
+    table = await api.ok(
+        "GET",
+        PODS,
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"},
+    )
     assert table["kind"] == "Table"
-    assert [c["name"] for c in table["columnDefinitions"]][:4] == ["Name", "Ready", "Status", "Restarts"]
+    assert [c["name"] for c in table["columnDefinitions"]][:4] == [
+        "Name",
+        "Ready",
+        "Status",
+        "Restarts",
+    ]
     assert table["rows"][0]["cells"][:3] == ["p", "1/1", "Running"]
     assert table["rows"][0]["object"]["metadata"]["name"] == "p"

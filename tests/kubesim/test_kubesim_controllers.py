@@ -26,7 +26,12 @@ async def test_daemonset_runs_one_pod_per_eligible_node(api: Api, sim: kubesim.C
     sim.add_node("gpu-1", labels={"kind": "gpu"})
     sim.add_node("tainted", labels={"kind": "gpu"}, taints=[{"key": "x", "effect": "NoSchedule"}])
     sim.add_node("cordoned", labels={"kind": "gpu"})
-    await api.ok("PATCH", "/api/v1/nodes/cordoned", {"spec": {"unschedulable": True}}, ctype="application/merge-patch+json")
+    await api.ok(
+        "PATCH",
+        "/api/v1/nodes/cordoned",
+        {"spec": {"unschedulable": True}},
+        ctype="application/merge-patch+json",
+    )
     await api.ok("POST", DS, daemonset("d", nodeSelector={"kind": "gpu"}))
     await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, 5)
     assert sorted(p["spec"]["nodeName"] for p in pods_of(sim, "d")) == ["cordoned", "gpu-1"]
@@ -42,26 +47,41 @@ async def test_daemonset_runs_one_pod_per_eligible_node(api: Api, sim: kubesim.C
     assert "node.kubernetes.io/unschedulable" in tolerated
 
 
-async def test_daemonset_honours_tolerations_and_node_affinity(api: Api, sim: kubesim.Cluster) -> None:
+async def test_daemonset_honours_tolerations_and_node_affinity(
+    api: Api, sim: kubesim.Cluster
+) -> None:
     sim.add_node("t", taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}])
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["t", "node-1"]}]}]}}}  # fmt: skip
-    manifest = daemonset("d", affinity=affinity, tolerations=[{"key": "dedicated", "operator": "Equal", "value": "x"}])
+    manifest = daemonset(
+        "d",
+        affinity=affinity,
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "x"}],
+    )
     await api.ok("POST", DS, manifest)
     await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, 5)
     assert sorted(p["spec"]["nodeName"] for p in pods_of(sim, "d")) == ["node-1", "t"]
 
 
-async def test_daemonset_removes_pods_from_nodes_that_stop_matching(api: Api, sim: kubesim.Cluster) -> None:
+async def test_daemonset_removes_pods_from_nodes_that_stop_matching(
+    api: Api, sim: kubesim.Cluster
+) -> None:
     sim.add_node("n", labels={"run": "yes"})
     await api.ok("POST", DS, daemonset("d", nodeSelector={"run": "yes"}))
     await sim.wait_for(lambda: len(pods_of(sim, "d")) == 1, 5)
-    await api.ok("PATCH", "/api/v1/nodes/n", {"metadata": {"labels": {"run": None}}}, ctype="application/merge-patch+json")
+    await api.ok(
+        "PATCH",
+        "/api/v1/nodes/n",
+        {"metadata": {"labels": {"run": None}}},
+        ctype="application/merge-patch+json",
+    )
     await sim.wait_for(lambda: not pods_of(sim, "d"), 5)
     await sim.wait_for(lambda: ds_status(sim, "d").get("desiredNumberScheduled") == 0, 5)
 
 
-async def test_daemonset_rolling_update_respects_max_unavailable(api: Api, sim: kubesim.Cluster) -> None:
+async def test_daemonset_rolling_update_respects_max_unavailable(
+    api: Api, sim: kubesim.Cluster
+) -> None:
     for index in range(3):
         sim.add_node(f"extra-{index}")
     await api.ok("POST", DS, daemonset("d"))
@@ -77,7 +97,9 @@ async def test_daemonset_rolling_update_respects_max_unavailable(api: Api, sim: 
         peak_unavailable = max(peak_unavailable, status.get("numberUnavailable", 0))
         return status.get("updatedNumberScheduled") == 5 and status.get("numberAvailable") == 5
 
-    patch = {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}}
+    patch = {
+        "spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}
+    }
     await api.ok("PATCH", f"{DS}/d", patch, ctype="application/strategic-merge-patch+json")
     await sim.wait_for(progress, 10)
     assert peak_unavailable == 1
@@ -92,7 +114,9 @@ async def test_daemonset_on_delete_keeps_old_pods(api: Api, sim: kubesim.Cluster
     manifest["spec"]["updateStrategy"] = {"type": "OnDelete"}
     await api.ok("POST", DS, manifest)
     await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, 5)
-    patch = {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}}
+    patch = {
+        "spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}
+    }
     await api.ok("PATCH", f"{DS}/d", patch, ctype="application/strategic-merge-patch+json")
     await sim.wait_for(lambda: ds_status(sim, "d").get("observedGeneration") == 2, 5)
     await sim.settle()
@@ -120,7 +144,9 @@ async def test_deployment_creates_replicaset_and_pods(api: Api, sim: kubesim.Clu
 
 
 async def test_kubelet_runs_init_containers_then_becomes_ready() -> None:
-    config = KubeletConfig(init_container_duration=0.01, start_delay=0.01, ready_delay=0.01, lease_interval=None)
+    config = KubeletConfig(
+        init_container_duration=0.01, start_delay=0.01, ready_delay=0.01, lease_interval=None
+    )
     async with kubesim.Cluster(nodes=1, kubelet=config) as sim:
         seen: list[str] = []
 
@@ -138,14 +164,20 @@ async def test_kubelet_runs_init_containers_then_becomes_ready() -> None:
         await sim.wait_for(lambda: _ready(sim, "p"), 5)
         assert seen == ["i1", "i2"]
         status = sim.store.get("pods", "p", "default")["status"]  # type: ignore[index]
-        assert [s["state"]["terminated"]["exitCode"] for s in status["initContainerStatuses"]] == [0, 0]
+        assert [s["state"]["terminated"]["exitCode"] for s in status["initContainerStatuses"]] == [
+            0,
+            0,
+        ]
         assert status["phase"] == "Running"
         assert status["podIP"]
 
 
 def _ready(sim: kubesim.Cluster, name: str) -> bool:
     pod = sim.store.get("pods", name, "default") or {}
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
 
 
 async def test_pod_runner_controls_readiness_exit_codes_and_restarts(sim: kubesim.Cluster) -> None:
@@ -186,7 +218,12 @@ async def test_pod_runner_talks_to_the_api_as_a_node_program() -> None:
                 patch = {"metadata": {"labels": {"example.com/seen": "true"}}}
                 await session.patch(f"/api/v1/nodes/{ctx.node_name}", json=patch,
                                     headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
-                status = {"status": {"capacity": {"example.com/widget": "4"}, "allocatable": {"example.com/widget": "4"}}}
+                status = {
+                    "status": {
+                        "capacity": {"example.com/widget": "4"},
+                        "allocatable": {"example.com/widget": "4"},
+                    }
+                }
                 await session.patch(f"/api/v1/nodes/{ctx.node_name}/status", json=status,
                                     headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
             await ctx.stopping.wait()
@@ -196,7 +233,10 @@ async def test_pod_runner_talks_to_the_api_as_a_node_program() -> None:
 
         def labelled() -> bool:
             node = sim.store.get("nodes", "node-1") or {}
-            return node["metadata"]["labels"].get("example.com/seen") == "true" and node["status"]["capacity"].get("example.com/widget") == "4"
+            return (
+                node["metadata"]["labels"].get("example.com/seen") == "true"
+                and node["status"]["capacity"].get("example.com/widget") == "4"
+            )
 
         await sim.wait_for(labelled, 5)
         assert ctx_kubeconfig_exists(sim)
@@ -245,10 +285,16 @@ async def test_nodes_report_status_and_can_be_made_not_ready(sim: kubesim.Cluste
 
 
 async def test_node_leases_are_renewed() -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=KubeletConfig(instant=True, lease_interval=0.02)) as sim:
+    async with kubesim.Cluster(
+        nodes=1, kubelet=KubeletConfig(instant=True, lease_interval=0.02)
+    ) as sim:
         first = sim.store.get("leases", "node-1", "kube-node-lease")["metadata"]["resourceVersion"]  # type: ignore[index]
         await sim.wait_for(
-            lambda: sim.store.get("leases", "node-1", "kube-node-lease")["metadata"]["resourceVersion"] != first, 5  # type: ignore[index]
+            lambda: (
+                sim.store.get("leases", "node-1", "kube-node-lease")["metadata"]["resourceVersion"]
+                != first
+            ),
+            5,  # type: ignore[index]
         )
 
 
