@@ -1,4 +1,4 @@
-"""kubesim performance figures: GET and merge-patch throughput, 5,000-node list, watch fan-out, memory.
+"""kubesim performance: GET and merge-patch rates, 5,000-node list, watch fan-out, memory.
 
 Run: `.venv/bin/python bench/kubesim_bench.py`. The server runs in a child process (`kubesim serve`)
 so client and server do not share an interpreter; prints numbers, asserts nothing.
@@ -67,7 +67,7 @@ async def watch_fanout(session: aiohttp.ClientSession) -> list[float]:
 
 
 def memory_overhead() -> tuple[float, float]:
-    """Bytes per stored node (dict, cached JSON, indexes, history): total, and beyond its JSON size."""
+    """Bytes per stored node (dict, cached JSON, indexes, history): total and beyond JSON."""
     from kubesim.controllers.kubelet import Kubelet, KubeletConfig
     from kubesim.store import Store
 
@@ -88,9 +88,14 @@ def memory_overhead() -> tuple[float, float]:
 async def main() -> None:
     exe = Path(sys.executable).parent / "kubesim"
     proc = await asyncio.create_subprocess_exec(
-        str(exe), "serve", "--nodes", str(NODES), "--instant",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        str(exe),
+        "serve",
+        "--nodes",
+        str(NODES),
+        "--instant",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     assert proc.stdout is not None
     url = (await proc.stdout.readline()).decode().strip()
     try:
@@ -125,15 +130,18 @@ async def main() -> None:
     total, overhead = memory_overhead()
     fanout.sort()
     print(
-        f"objects stored: {NODES} nodes (+ leases), server in a child process, client concurrency {CONCURRENCY}"
+        f"objects stored: {NODES} nodes (+ leases), server in a child process, "
+        f"client concurrency {CONCURRENCY}"
     )
     print(f"GET node:               {get_rate:8.0f} req/s   (target >= 2000)")
     print(f"merge-patch node:       {patch_rate:8.0f} req/s   (target >= 2000)")
     print(
-        f"list 5,000 nodes:       {min(timings):8.1f} ms best, {sorted(timings)[len(timings) // 2]:.1f} ms median   (target <= 200)"
+        f"list 5,000 nodes:       {min(timings):8.1f} ms best, "
+        f"{sorted(timings)[len(timings) // 2]:.1f} ms median   (target <= 200)"
     )
     print(
-        f"write -> {WATCHERS} watchers:   {fanout[len(fanout) // 2]:8.2f} ms median, {fanout[-1]:.2f} ms max   (target <= 10)"
+        f"write -> {WATCHERS} watchers:   {fanout[len(fanout) // 2]:8.2f} ms median, "
+        f"{fanout[-1]:.2f} ms max   (target <= 10)"
     )
     print(f"memory per node:        {total:8.0f} B traced, {overhead:.0f} B beyond its JSON size")
     print(f"cpu count: {os.cpu_count()}")

@@ -87,9 +87,12 @@ class Cluster:
         self.stats = Stats()
         self.faults = Faults(self.store, seed=seed)
         self.server = ApiServer(
-            self.store, stats=self.stats, faults=self.faults, version=version,
+            self.store,
+            stats=self.stats,
+            faults=self.faults,
+            version=version,
             bookmark_interval=bookmark_interval,
-        )  # fmt: skip
+        )
         self._requested_kubeconfig = Path(kubeconfig_path) if kubeconfig_path else None
         self._tempdir: str | None = None
         self._runner: web.AppRunner | None = None

@@ -1,4 +1,4 @@
-"""Fault injection: error rates and latency per verb/resource, dropped and expired watches, restarts."""
+"""Fault injection: error rates and latency, dropped and expired watches, restarts."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class Faults:
         return False
 
     async def before(self, verb: str, resource: str) -> None:
-        """Apply matching rules to a request: sleep for latency, maybe raise the configured error."""
+        """Apply matching rules: sleep for latency, maybe raise the configured error."""
         for rule in list(self.rules):
             if not rule.matches(verb, resource):
                 continue

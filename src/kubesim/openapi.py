@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from kubesim.resources import Registry, ResourceType
@@ -30,6 +31,21 @@ def _schema_name(rt: ResourceType) -> str:
     return f"{group}.{rt.version}.{rt.kind}"
 
 
+def _operation_factory(
+    rt: ResourceType, gvk: dict[str, str], response: dict[str, Any]
+) -> Callable[[str, list[dict[str, Any]]], dict[str, Any]]:
+    def operation(action: str, params: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "operationId": f"{action}{rt.kind}",
+            "parameters": params,
+            "responses": response,
+            "x-kubernetes-action": action,
+            "x-kubernetes-group-version-kind": gvk,
+        }
+
+    return operation
+
+
 def group_version_document(registry: Registry, key: str) -> dict[str, Any] | None:
     """The OpenAPI document of one group/version, or None if it is not served."""
     types = [rt for rt in registry.all() if _path_key(rt) == key]
@@ -42,16 +58,7 @@ def group_version_document(registry: Registry, key: str) -> dict[str, Any] | Non
         ref = {"$ref": f"#/components/schemas/{_schema_name(rt)}"}
         response = {"200": {"description": "OK", "content": {"application/json": {"schema": ref}}}}
 
-        def operation(
-            action: str, params: list[dict[str, Any]], rt: ResourceType = rt
-        ) -> dict[str, Any]:
-            return {
-                "operationId": f"{action}{rt.kind}",
-                "parameters": params,
-                "responses": response,
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-            }
+        operation = _operation_factory(rt, gvk, response)
 
         prefix = f"/{key}"
         scope = "/namespaces/{namespace}" if rt.namespaced else ""

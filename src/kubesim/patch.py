@@ -82,8 +82,7 @@ def _remove(doc: Any, parts: list[str], path: str) -> Any:
         raise errors.ApiError(422, "the server rejected our request: cannot remove the root")
     parent = _resolve(doc, parts[:-1], path)
     _resolve(parent, parts[-1:], path)
-    value = parent.pop(parts[-1] if isinstance(parent, dict) else int(parts[-1]))
-    return value
+    return parent.pop(parts[-1] if isinstance(parent, dict) else int(parts[-1]))
 
 
 def json_patch(doc: Any, operations: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -22,7 +23,7 @@ from kubesim.resources import (
     discovery_resource_list,
 )
 from kubesim.stats import Stats
-from kubesim.store import Stored, Store, dumps, now
+from kubesim.store import Store, Stored, dumps, now
 
 log = logging.getLogger("kubesim.server")
 JSON_TYPE = "application/json"
@@ -137,7 +138,7 @@ class ApiServer:
         return await self._resource(request, target)
 
     def _version_info(self) -> dict[str, Any]:
-        major, minor, *_ = (self.version.split(".") + ["0", "0"])[:3]
+        major, minor, *_ = ([*self.version.split("."), "0", "0"])[:3]
         return {
             "major": major,
             "minor": minor,
@@ -268,8 +269,9 @@ class ApiServer:
                     body_ns = meta.get("namespace")
                     if body_ns and body_ns != namespace:
                         raise errors.bad_request(
-                            "the namespace of the provided object does not match the namespace sent on the request"
-                        )  # fmt: skip
+                            "the namespace of the provided object does not match "
+                            "the namespace sent on the request"
+                        )
                     meta["namespace"] = namespace
             _check_api_version(rt, body)
             stored = self.store.insert(rt, body, manager=manager, dry_run=dry_run)
@@ -286,9 +288,14 @@ class ApiServer:
                     raise errors.bad_request("the namespace of the object does not match the URL")
             _check_api_version(rt, body)
             stored = self.store.replace(
-                rt, body, namespace=namespace, name=target.name,
-                subresource=target.subresource, manager=manager, dry_run=dry_run,
-            )  # fmt: skip
+                rt,
+                body,
+                namespace=namespace,
+                name=target.name,
+                subresource=target.subresource,
+                manager=manager,
+                dry_run=dry_run,
+            )
             return self._object(rt, stored)
         if verb == "patch":
             return await self._patch(request, target, namespace, manager, dry_run)
@@ -296,12 +303,14 @@ class ApiServer:
             assert target.name is not None
             options = await self._delete_options(request)
             stored, _gone = self.store.remove(
-                rt, namespace, target.name,
+                rt,
+                namespace,
+                target.name,
                 propagation=options.get("propagationPolicy"),
                 grace=options.get("gracePeriodSeconds"),
                 preconditions=options.get("preconditions"),
                 dry_run=dry_run,
-            )  # fmt: skip
+            )
             return self._object(rt, stored)
         # deletecollection
         options = await self._delete_options(request)
@@ -311,10 +320,13 @@ class ApiServer:
         for stored in list(self.store.select(rt, ns_filter, labels, fields)):
             meta = stored.obj["metadata"]
             self.store.remove(
-                rt, meta.get("namespace", ""), meta["name"],
+                rt,
+                meta.get("namespace", ""),
+                meta["name"],
                 propagation=options.get("propagationPolicy"),
-                grace=options.get("gracePeriodSeconds"), dry_run=dry_run,
-            )  # fmt: skip
+                grace=options.get("gracePeriodSeconds"),
+                dry_run=dry_run,
+            )
         return self._json(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
         )
@@ -351,17 +363,20 @@ class ApiServer:
         content_type = request.content_type
         if content_type not in (patch.MERGE, patch.JSON, patch.STRATEGIC, patch.APPLY_YAML):
             raise errors.ApiError(
-                415, f"the body of the request was in an unknown format - accepted media types include: "
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: "
                 f"{patch.JSON}, {patch.MERGE}, {patch.APPLY_YAML}, {patch.STRATEGIC}",
-            )  # fmt: skip
+            )
         body = patch.decode_body(await request.read(), content_type)
         stored = self.store.peek(rt.key, namespace, target.name)
         if content_type == patch.APPLY_YAML:
             if not request.query.get("fieldManager"):
                 raise errors.ApiError(
-                    422, "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: "
-                    "is required for apply patch", reason="Invalid",
-                )  # fmt: skip
+                    422,
+                    'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                    "is required for apply patch",
+                    reason="Invalid",
+                )
             if isinstance(body, dict):
                 meta = body.get("metadata") or {}
                 if meta.get("name", target.name) != target.name:
@@ -374,18 +389,28 @@ class ApiServer:
                         body["metadata"]["namespace"] = namespace
             force = request.query.get("force") in ("true", "1")
             merged = patch.server_side_apply(
-                rt, stored.copy() if stored else None, body,
-                manager=manager, force=force, subresource=target.subresource, stamp=now(),
-            )  # fmt: skip
+                rt,
+                stored.copy() if stored else None,
+                body,
+                manager=manager,
+                force=force,
+                subresource=target.subresource,
+                stamp=now(),
+            )
             if stored is None:
                 if target.subresource:
                     raise errors.not_found(rt.plural, rt.group, target.name)
                 result = self.store.insert(rt, merged, dry_run=dry_run)
                 return self._object(rt, result, 201)
             result = self.store.replace(
-                rt, merged, namespace=namespace, name=target.name,
-                subresource=target.subresource, dry_run=dry_run, keep_managed_fields=True,
-            )  # fmt: skip
+                rt,
+                merged,
+                namespace=namespace,
+                name=target.name,
+                subresource=target.subresource,
+                dry_run=dry_run,
+                keep_managed_fields=True,
+            )
             return self._object(rt, result)
         if stored is None:
             raise errors.not_found(rt.plural, rt.group, target.name)
@@ -399,18 +424,24 @@ class ApiServer:
         else:
             if rt.from_crd:
                 raise errors.ApiError(
-                    415, "strategic merge patch is not supported for custom resources; "
+                    415,
+                    "strategic merge patch is not supported for custom resources; "
                     "use a merge patch, a JSON patch or server-side apply",
-                )  # fmt: skip
+                )
             if not isinstance(body, dict):
                 raise errors.bad_request("a strategic merge patch must be a JSON object")
             merged = patch.strategic_merge_patch(current, body)
         if not isinstance(merged, dict):
             raise errors.ApiError(422, "the patched document is not an object", reason="Invalid")
         result = self.store.replace(
-            rt, merged, namespace=namespace, name=target.name,
-            subresource=target.subresource, manager=manager, dry_run=dry_run,
-        )  # fmt: skip
+            rt,
+            merged,
+            namespace=namespace,
+            name=target.name,
+            subresource=target.subresource,
+            manager=manager,
+            dry_run=dry_run,
+        )
         return self._object(rt, result)
 
     def _list(self, request: web.Request, target: Target) -> web.Response:
@@ -431,9 +462,14 @@ class ApiServer:
         if token:
             meta["continue"] = token
         head = (
-            b'{"kind":"' + rt.list_kind.encode() + b'","apiVersion":"' + rt.api_version.encode()
-            + b'","metadata":' + dumps(meta) + b',"items":['
-        )  # fmt: skip
+            b'{"kind":"'
+            + rt.list_kind.encode()
+            + b'","apiVersion":"'
+            + rt.api_version.encode()
+            + b'","metadata":'
+            + dumps(meta)
+            + b',"items":['
+        )
         same_version = all(s.obj.get("apiVersion") == rt.api_version for s in items)
         raws = [s.raw for s in items] if same_version else [_reversioned(rt, s) for s in items]
         return web.Response(body=head + b",".join(raws) + b"]}", content_type=JSON_TYPE)
@@ -507,10 +543,8 @@ class ApiServer:
         finally:
             self.store.unwatch(watcher)
             self._streams.discard(response)
-        try:
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
             await response.write_eof()
-        except (ConnectionResetError, RuntimeError):
-            pass
         return response
 
     def _bookmark(self, rt: ResourceType) -> bytes:
@@ -546,10 +580,12 @@ class ApiServer:
         if not stored.obj["metadata"].get("deletionTimestamp"):
             disruption.check_eviction(self.store, stored.obj)
         self.store.remove(
-            target.rt, namespace, target.name,
+            target.rt,
+            namespace,
+            target.name,
             grace=options.get("gracePeriodSeconds"),
             preconditions=options.get("preconditions"),
-        )  # fmt: skip
+        )
         return self._json(
             {
                 "kind": "Status",
@@ -622,8 +658,9 @@ def _check_api_version(rt: ResourceType, body: Any) -> None:
         f"{rt.group}/{v}" if rt.group else v for v in rt.served_versions
     ]:
         raise errors.bad_request(
-            f"the API version in the data ({api_version}) does not match the expected API version ({rt.api_version})"
-        )  # fmt: skip
+            f"the API version in the data ({api_version}) does not match "
+            f"the expected API version ({rt.api_version})"
+        )
 
 
 def _reversioned(rt: ResourceType, stored: Stored) -> bytes:

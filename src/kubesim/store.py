@@ -1,4 +1,4 @@
-"""The object store: objects as dicts with cached JSON, one global resourceVersion, watch history."""
+"""The object store: dicts with cached JSON, one global resourceVersion, watch history."""
 
 from __future__ import annotations
 
@@ -347,9 +347,11 @@ class Store:
             raise errors.bad_request("metadata must be an object")
         if meta.get("resourceVersion"):
             raise errors.invalid(
-                rt.kind, rt.group, meta.get("name", ""),
+                rt.kind,
+                rt.group,
+                meta.get("name", ""),
                 [("metadata.resourceVersion", "must be empty on create")],
-            )  # fmt: skip
+            )
         namespace = meta.get("namespace", "") if rt.namespaced else ""
         if not rt.namespaced:
             meta.pop("namespace", None)
@@ -358,8 +360,11 @@ class Store:
             prefix = meta.get("generateName")
             if not prefix:
                 raise errors.invalid(
-                    rt.kind, rt.group, "", [("metadata.name", "Required value: name or generateName is required")]
-                )  # fmt: skip
+                    rt.kind,
+                    rt.group,
+                    "",
+                    [("metadata.name", "Required value: name or generateName is required")],
+                )
             for _ in range(16):
                 candidate = f"{prefix}{random_suffix()}"
                 if self.peek(rt.key, namespace, candidate) is None:
@@ -415,15 +420,19 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if meta.get("name", name) != name:
             raise errors.bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
-            )  # fmt: skip
+                f"the name of the object ({meta.get('name')}) does not match "
+                f"the name on the URL ({name})"
+            )
         old_meta = old.obj["metadata"]
         wanted_rv = meta.get("resourceVersion")
         if wanted_rv and wanted_rv != old_meta["resourceVersion"]:
             raise errors.conflict(
-                rt.plural, rt.group, name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            )  # fmt: skip
+                rt.plural,
+                rt.group,
+                name,
+                "the object has been modified; please apply your changes "
+                "to the latest version and try again",
+            )
         if subresource == "status":
             new = old.copy()
             if "status" in obj:
@@ -440,8 +449,15 @@ class Store:
                     obj["status"] = old.obj["status"]
                 else:
                     obj.pop("status", None)
-            for field in ("uid", "creationTimestamp", "namespace", "name", "generation",
-                          "deletionTimestamp", "deletionGracePeriodSeconds"):  # fmt: skip
+            for field in (
+                "uid",
+                "creationTimestamp",
+                "namespace",
+                "name",
+                "generation",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ):
                 if field in old_meta:
                     meta[field] = old_meta[field]
                 else:
@@ -455,9 +471,17 @@ class Store:
                 added = set(meta.get("finalizers") or ()) - set(old_meta.get("finalizers") or ())
                 if added:
                     raise errors.invalid(
-                        rt.kind, rt.group, name,
-                        [("metadata.finalizers", "Forbidden: no new finalizers can be added if the object is being deleted")],
-                    )  # fmt: skip
+                        rt.kind,
+                        rt.group,
+                        name,
+                        [
+                            (
+                                "metadata.finalizers",
+                                "Forbidden: no new finalizers can be added "
+                                "if the object is being deleted",
+                            )
+                        ],
+                    )
             defaults.apply_update_defaults(rt, obj)
             if rt.schema is not None:
                 schema.admit(rt, obj)
@@ -468,8 +492,14 @@ class Store:
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if manager:
             managed_fields.record_update(
-                obj, old.obj, manager, obj.get("apiVersion", rt.api_version), rt.schema, subresource, now()
-            )  # fmt: skip
+                obj,
+                old.obj,
+                manager,
+                obj.get("apiVersion", rt.api_version),
+                rt.schema,
+                subresource,
+                now(),
+            )
         if obj == old.obj:
             return old
         if dry_run:
@@ -503,9 +533,12 @@ class Store:
             wanted = (preconditions or {}).get(field)
             if wanted and wanted != old_meta.get(meta_field):
                 raise errors.conflict(
-                    rt.plural, rt.group, name,
-                    f"Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {old_meta.get(meta_field)}",
-                )  # fmt: skip
+                    rt.plural,
+                    rt.group,
+                    name,
+                    f"Precondition failed: {field} in precondition: {wanted}, "
+                    f"{field} in object meta: {old_meta.get(meta_field)}",
+                )
         obj = old.copy()
         meta = obj["metadata"]
         finalizers: list[str] = list(meta.get("finalizers") or [])
@@ -587,7 +620,8 @@ class Store:
                 raise errors.bad_request("invalid continue token") from exc
             if rv < self.compacted_rv:
                 raise errors.gone(
-                    "The provided continue parameter is too old to display a consistent list result. "
+                    "The provided continue parameter is too old to display "
+                    "a consistent list result. "
                     "You can start a new list without the continue parameter."
                 )
         items: list[Stored] = []

@@ -125,61 +125,108 @@ def _selector_text(obj: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in (selector or {}).items()) or "<none>"
 
 
+def _involved(obj: dict[str, Any]) -> str:
+    involved = obj.get("involvedObject") or {}
+    return f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}"
+
+
 NAME: Column = ("Name", "string", 0, _name)
 AGE: Column = ("Age", "string", 0, age)
 
 PRINTERS: dict[str, list[Column]] = {
     "nodes": [
-        NAME, ("Status", "string", 0, _node_status), ("Roles", "string", 0, _node_roles), AGE,
+        NAME,
+        ("Status", "string", 0, _node_status),
+        ("Roles", "string", 0, _node_roles),
+        AGE,
         ("Version", "string", 0, _info("kubeletVersion")),
-        ("Internal-IP", "string", 1, _node_address), ("OS-Image", "string", 1, _info("osImage")),
+        ("Internal-IP", "string", 1, _node_address),
+        ("OS-Image", "string", 1, _info("osImage")),
         ("Kernel-Version", "string", 1, _info("kernelVersion")),
         ("Container-Runtime", "string", 1, _info("containerRuntimeVersion")),
     ],
     "pods": [
-        NAME, ("Ready", "string", 0, _pod_ready), ("Status", "string", 0, pod_status_text),
-        ("Restarts", "integer", 0, _restarts), AGE,
+        NAME,
+        ("Ready", "string", 0, _pod_ready),
+        ("Status", "string", 0, pod_status_text),
+        ("Restarts", "integer", 0, _restarts),
+        AGE,
         ("IP", "string", 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>"),
         ("Node", "string", 1, lambda o: (o.get("spec") or {}).get("nodeName") or "<none>"),
     ],
     "daemonsets": [
-        NAME, ("Desired", "integer", 0, _status("status", "desiredNumberScheduled")),
+        NAME,
+        ("Desired", "integer", 0, _status("status", "desiredNumberScheduled")),
         ("Current", "integer", 0, _status("status", "currentNumberScheduled")),
         ("Ready", "integer", 0, _status("status", "numberReady")),
         ("Up-to-date", "integer", 0, _status("status", "updatedNumberScheduled")),
         ("Available", "integer", 0, _status("status", "numberAvailable")),
-        ("Node Selector", "string", 0, _selector_text), AGE,
+        ("Node Selector", "string", 0, _selector_text),
+        AGE,
     ],
     "deployments": [
         NAME,
-        ("Ready", "string", 0, lambda o: f"{_status('status', 'readyReplicas')(o)}/{_status('spec', 'replicas')(o)}"),
+        (
+            "Ready",
+            "string",
+            0,
+            lambda o: f"{_status('status', 'readyReplicas')(o)}/{_status('spec', 'replicas')(o)}",
+        ),
         ("Up-to-date", "integer", 0, _status("status", "updatedReplicas")),
-        ("Available", "integer", 0, _status("status", "availableReplicas")), AGE,
+        ("Available", "integer", 0, _status("status", "availableReplicas")),
+        AGE,
     ],
     "replicasets": [
-        NAME, ("Desired", "integer", 0, _status("spec", "replicas")),
+        NAME,
+        ("Desired", "integer", 0, _status("spec", "replicas")),
         ("Current", "integer", 0, _status("status", "replicas")),
-        ("Ready", "integer", 0, _status("status", "readyReplicas")), AGE,
+        ("Ready", "integer", 0, _status("status", "readyReplicas")),
+        AGE,
     ],
-    "namespaces": [NAME, ("Status", "string", 0, lambda o: (o.get("status") or {}).get("phase", "")), AGE],
-    "configmaps": [NAME, ("Data", "integer", 0, lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})), AGE],
+    "namespaces": [
+        NAME,
+        ("Status", "string", 0, lambda o: (o.get("status") or {}).get("phase", "")),
+        AGE,
+    ],
+    "configmaps": [
+        NAME,
+        ("Data", "integer", 0, lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})),
+        AGE,
+    ],
     "poddisruptionbudgets": [
         NAME,
-        ("Min Available", "string", 0, lambda o: str((o.get("spec") or {}).get("minAvailable", "N/A"))),
-        ("Max Unavailable", "string", 0, lambda o: str((o.get("spec") or {}).get("maxUnavailable", "N/A"))),
-        ("Allowed Disruptions", "integer", 0, _status("status", "disruptionsAllowed")), AGE,
+        (
+            "Min Available",
+            "string",
+            0,
+            lambda o: str((o.get("spec") or {}).get("minAvailable", "N/A")),
+        ),
+        (
+            "Max Unavailable",
+            "string",
+            0,
+            lambda o: str((o.get("spec") or {}).get("maxUnavailable", "N/A")),
+        ),
+        ("Allowed Disruptions", "integer", 0, _status("status", "disruptionsAllowed")),
+        AGE,
     ],
     "customresourcedefinitions": [
-        NAME, ("Created At", "date", 0, lambda o: o["metadata"].get("creationTimestamp", "")),
+        NAME,
+        ("Created At", "date", 0, lambda o: o["metadata"].get("creationTimestamp", "")),
     ],
     "events": [
         ("Last Seen", "string", 0, lambda o: o.get("lastTimestamp") or o.get("eventTime") or ""),
         ("Type", "string", 0, lambda o: o.get("type", "")),
         ("Reason", "string", 0, lambda o: o.get("reason", "")),
-        ("Object", "string", 0, lambda o: f"{(o.get('involvedObject') or {}).get('kind', '').lower()}/{(o.get('involvedObject') or {}).get('name', '')}"),
+        (
+            "Object",
+            "string",
+            0,
+            lambda o: _involved(o),
+        ),
         ("Message", "string", 0, lambda o: o.get("message") or o.get("note") or ""),
     ],
-}  # fmt: skip
+}
 
 
 _SEGMENT = re.compile(
@@ -298,9 +345,15 @@ def table(
     if continue_token:
         meta["continue"] = continue_token
     definitions = [
-        {"name": name, "type": ctype, "format": "name" if name == "Name" else "", "description": name, "priority": priority}
+        {
+            "name": name,
+            "type": ctype,
+            "format": "name" if name == "Name" else "",
+            "description": name,
+            "priority": priority,
+        }
         for name, ctype, priority, _ in columns
-    ]  # fmt: skip
+    ]
     result: dict[str, Any] = {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

@@ -40,14 +40,21 @@ async def test_lightkube_crud_watch_and_apply(sim: kubesim.Cluster) -> None:
         await asyncio.wait_for(task, 5)
         assert events == [("ADDED", "c"), ("MODIFIED", "c")]
         manifest = {
-            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "d"}}, "template": {"metadata": {"labels": {"app": "d"}},
-                     "spec": {"containers": [{"name": "c", "image": "x:1"}]}}},
-        }  # fmt: skip
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "d", "namespace": "default"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "d"}},
+                "template": {
+                    "metadata": {"labels": {"app": "d"}},
+                    "spec": {"containers": [{"name": "c", "image": "x:1"}]},
+                },
+            },
+        }
         ds = await client.apply(DaemonSet.from_dict(manifest), field_manager="operator")
         assert ds.metadata.managedFields[0].manager == "operator"
+        manifest["spec"]["template"]["spec"]["containers"][0]["image"] = "x:2"
         with pytest.raises(ApiError) as conflict:
-            manifest["spec"]["template"]["spec"]["containers"][0]["image"] = "x:2"
             await client.apply(DaemonSet.from_dict(manifest), field_manager="intruder")
         assert conflict.value.status.code == 409
         forced = await client.apply(
@@ -73,8 +80,9 @@ async def test_lightkube_watch_recovers_from_gone(sim: kubesim.Cluster) -> None:
         sim.faults.expire_next_watch()
 
         async def watch() -> None:
-            async for _, obj in client.watch(ConfigMap, namespace="default", resource_version="1",
-                                             on_error=on_error_retry):  # fmt: skip
+            async for _, obj in client.watch(
+                ConfigMap, namespace="default", resource_version="1", on_error=on_error_retry
+            ):
                 seen.append(obj.metadata.name)
                 return
 
@@ -97,9 +105,13 @@ async def kubectl(
 ) -> str:
     env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
     proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL), *args, stdin=asyncio.subprocess.PIPE if stdin else None,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
-    )  # fmt: skip
+        str(KUBECTL),
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin else None,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
     text = out.decode()
     if check:
@@ -209,7 +221,10 @@ async def test_kubectl_drain_is_blocked_by_pdb_then_allowed(sim: kubesim.Cluster
         10,
     )
     await sim.settle()
-    pdb = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\nspec: {minAvailable: 2, selector: {matchLabels: {app: web}}}\n"
+    pdb = (
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\n"
+        "spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}\n"
+    )
     await kubectl(sim, "apply", "-f", "-", stdin=pdb)
     blocked = await kubectl(
         sim, "drain", "node-1", "--ignore-daemonsets", "--timeout=1s", check=False
@@ -231,9 +246,15 @@ async def test_kubectl_crd_custom_resource_watch_and_delete(sim: kubesim.Cluster
     assert "w1     3" in out
     env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
     watcher = await asyncio.create_subprocess_exec(
-        str(KUBECTL), "get", "widgets", "-w", "--request-timeout=20s",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
-    )  # fmt: skip
+        str(KUBECTL),
+        "get",
+        "widgets",
+        "-w",
+        "--request-timeout=20s",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
     assert watcher.stdout is not None
     try:
         first = await asyncio.wait_for(watcher.stdout.readline(), 20)
@@ -255,9 +276,15 @@ async def test_kubectl_crd_custom_resource_watch_and_delete(sim: kubesim.Cluster
 async def test_cli_serve_writes_kubeconfig(tmp_path: Path) -> None:
     config = tmp_path / "kubeconfig"
     proc = await asyncio.create_subprocess_exec(
-        str(Path(os.sys.executable).parent / "kubesim"), "serve", "--nodes", "2", "--kubeconfig-out", str(config),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        str(Path(os.sys.executable).parent / "kubesim"),
+        "serve",
+        "--nodes",
+        "2",
+        "--kubeconfig-out",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stdout is not None
     try:
         url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()

@@ -357,9 +357,11 @@ async def test_strategic_merge_patch_merges_conditions_and_owner_references(api:
     body = await api.ok("PATCH", f"{CM}/c", {"metadata": {"ownerReferences": [other]}}, ctype=SMP)
     assert [r["uid"] for r in body["metadata"]["ownerReferences"]] == uids
     node = await api.ok(
-        "PATCH", "/api/v1/nodes/node-1/status",
-        {"status": {"conditions": [{"type": "Custom", "status": "True"}]}}, ctype=SMP,
-    )  # fmt: skip
+        "PATCH",
+        "/api/v1/nodes/node-1/status",
+        {"status": {"conditions": [{"type": "Custom", "status": "True"}]}},
+        ctype=SMP,
+    )
     types = [c["type"] for c in node["status"]["conditions"]]
     assert "Ready" in types
     assert "Custom" in types
@@ -598,7 +600,7 @@ async def test_label_selectors_equality_and_set_based(api: Api) -> None:
     assert await names("tier notin (web,db)") == ["c"]
     assert await names("tier") == ["a", "b", "c"]
     assert await names("!tier") == []
-    status, body = await api.req("GET", CM, params={"labelSelector": "tier in (web"})
+    _status, body = await api.req("GET", CM, params={"labelSelector": "tier in (web"})
     assert_status(body, 400, "BadRequest")
 
 
@@ -731,7 +733,7 @@ async def test_finalizers_hold_deletion_until_removed(api: Api, sim: kubesim.Clu
     await api.ok("POST", CM, manifest)
     body = await api.ok("DELETE", f"{CM}/c")
     assert body["metadata"]["deletionTimestamp"]
-    status, result = await api.req(
+    status, _result = await api.req(
         "PATCH", f"{CM}/c", {"metadata": {"finalizers": ["example.com/x", "new"]}}, ctype=MERGE
     )
     assert status == 422
@@ -746,8 +748,12 @@ async def test_eviction_honours_pod_disruption_budgets(api: Api, sim: kubesim.Cl
         lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")),
         5,
     )
-    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
-           "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}}  # fmt: skip
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+    }
     await api.ok("POST", "/apis/policy/v1/namespaces/default/poddisruptionbudgets", pdb)
     eviction = {
         "apiVersion": "policy/v1",
@@ -819,7 +825,7 @@ async def test_strategic_merge_patch_on_custom_resources_is_unsupported(api: Api
         "spec": {"size": 1},
     }
     await api.ok("POST", WIDGETS, widget)
-    status, body = await api.req("PATCH", f"{WIDGETS}/w", {"spec": {"size": 2}}, ctype=SMP)
+    _status, body = await api.req("PATCH", f"{WIDGETS}/w", {"spec": {"size": 2}}, ctype=SMP)
     assert_status(body, 415, "UnsupportedMediaType")
 
 

@@ -37,9 +37,14 @@ async def test_daemonset_runs_one_pod_per_eligible_node(api: Api, sim: kubesim.C
     assert sorted(p["spec"]["nodeName"] for p in pods_of(sim, "d")) == ["cordoned", "gpu-1"]
     status = ds_status(sim, "d")
     assert status == {
-        "currentNumberScheduled": 2, "desiredNumberScheduled": 2, "numberMisscheduled": 0,
-        "numberReady": 2, "numberAvailable": 2, "observedGeneration": 1, "updatedNumberScheduled": 2,
-    }  # fmt: skip
+        "currentNumberScheduled": 2,
+        "desiredNumberScheduled": 2,
+        "numberMisscheduled": 0,
+        "numberReady": 2,
+        "numberAvailable": 2,
+        "observedGeneration": 1,
+        "updatedNumberScheduled": 2,
+    }
     pod = pods_of(sim, "d")[0]
     assert pod["metadata"]["labels"]["controller-revision-hash"]
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
@@ -51,8 +56,23 @@ async def test_daemonset_honours_tolerations_and_node_affinity(
     api: Api, sim: kubesim.Cluster
 ) -> None:
     sim.add_node("t", taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}])
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["t", "node-1"]}]}]}}}  # fmt: skip
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "In",
+                                "values": ["t", "node-1"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
     manifest = daemonset(
         "d",
         affinity=affinity,
@@ -128,10 +148,18 @@ async def test_daemonset_on_delete_keeps_old_pods(api: Api, sim: kubesim.Cluster
 
 async def test_deployment_creates_replicaset_and_pods(api: Api, sim: kubesim.Cluster) -> None:
     deploy = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "nginx:1"}]}}},
-    }  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
+            },
+        },
+    }
     await api.ok("POST", "/apis/apps/v1/namespaces/default/deployments", deploy)
 
     def available() -> bool:
@@ -156,10 +184,18 @@ async def test_kubelet_runs_init_containers_then_becomes_ready() -> None:
 
         sim.register_pod_runner(init_runner, image="init/*")
         pod = {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
-            "spec": {"nodeName": "node-1", "initContainers": [{"name": "i1", "image": "init/a:1"}, {"name": "i2", "image": "init/b:1"}],
-                     "containers": [{"name": "c", "image": "app:1"}]},
-        }  # fmt: skip
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {
+                "nodeName": "node-1",
+                "initContainers": [
+                    {"name": "i1", "image": "init/a:1"},
+                    {"name": "i2", "image": "init/b:1"},
+                ],
+                "containers": [{"name": "c", "image": "app:1"}],
+            },
+        }
         sim.store.create(pod)
         await sim.wait_for(lambda: _ready(sim, "p"), 5)
         assert seen == ["i1", "i2"]
@@ -190,10 +226,26 @@ async def test_pod_runner_controls_readiness_exit_codes_and_restarts(sim: kubesi
 
     sim.register_pod_runner(agent, image="vendor/agent")
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a", "namespace": "default"},
-        "spec": {"nodeName": "node-1", "containers": [{"name": "agent", "image": "vendor/agent:v3", "readinessProbe": {"exec": {"command": ["true"]}},
-                 "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}]},
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "a", "namespace": "default"},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": "vendor/agent:v3",
+                    "readinessProbe": {"exec": {"command": ["true"]}},
+                    "env": [
+                        {
+                            "name": "NODE_NAME",
+                            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                        }
+                    ],
+                }
+            ],
+        },
+    }
     sim.store.create(pod)
     await sim.wait_for(lambda: len(started) == 1, 5)
     ctx = started[0]
@@ -216,16 +268,22 @@ async def test_pod_runner_talks_to_the_api_as_a_node_program() -> None:
         async def labeller(ctx: PodContext) -> None:
             async with aiohttp.ClientSession(base_url=ctx.url) as session:
                 patch = {"metadata": {"labels": {"example.com/seen": "true"}}}
-                await session.patch(f"/api/v1/nodes/{ctx.node_name}", json=patch,
-                                    headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+                await session.patch(
+                    f"/api/v1/nodes/{ctx.node_name}",
+                    json=patch,
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
                 status = {
                     "status": {
                         "capacity": {"example.com/widget": "4"},
                         "allocatable": {"example.com/widget": "4"},
                     }
                 }
-                await session.patch(f"/api/v1/nodes/{ctx.node_name}/status", json=status,
-                                    headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+                await session.patch(
+                    f"/api/v1/nodes/{ctx.node_name}/status",
+                    json=status,
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
             await ctx.stopping.wait()
 
         sim.register_pod_runner(labeller, label_selector="app=labeller")
@@ -261,8 +319,14 @@ async def test_object_runner_gets_start_and_stop(sim: kubesim.Cluster) -> None:
             events.append(f"stop {ctx.name}")
 
     sim.register_pod_runner(Runner(), image="obj:1")
-    sim.store.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "o", "namespace": "default"},
-                      "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "obj:1"}]}})  # fmt: skip
+    sim.store.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "o", "namespace": "default"},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "obj:1"}]},
+        }
+    )
     await sim.wait_for(lambda: events == ["start o"], 5)
     sim.store.delete("pods", "o", "default")
     await sim.wait_for(lambda: sim.store.get("pods", "o", "default") is None, 5)
@@ -352,6 +416,9 @@ async def test_stats_count_requests_by_verb_and_resource(api: Api, sim: kubesim.
     async with api.session.get(CM, params={"watch": "true", "timeoutSeconds": "0.01"}) as resp:
         await resp.read()
     assert sim.stats.since(before) == {
-        ("list", "nodes"): 1, ("get", "nodes"): 1, ("patch", "nodes/status"): 1, ("watch", "configmaps"): 1,
-    }  # fmt: skip
+        ("list", "nodes"): 1,
+        ("get", "nodes"): 1,
+        ("patch", "nodes/status"): 1,
+        ("watch", "configmaps"): 1,
+    }
     assert sim.stats.writes() >= 1

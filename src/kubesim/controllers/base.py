@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -51,10 +52,8 @@ class Controller:
         self._timers.clear()
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     def initial_keys(self) -> list[ItemKey]:
         """Keys to reconcile at start-up."""

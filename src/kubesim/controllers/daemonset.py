@@ -160,9 +160,12 @@ class DaemonSetController(Controller):
         obj["status"] = status
         meta = obj["metadata"]
         self.store.replace(
-            self.rt("daemonsets.apps"), obj, namespace=meta["namespace"], name=meta["name"],
+            self.rt("daemonsets.apps"),
+            obj,
+            namespace=meta["namespace"],
+            name=meta["name"],
             subresource="status",
-        )  # fmt: skip
+        )
 
     def _delete(self, pods_rt: Any, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]

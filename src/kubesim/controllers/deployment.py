@@ -145,8 +145,13 @@ class DeploymentController(Controller):
         available = sum(int((r.get("status") or {}).get("availableReplicas", 0)) for r in all_rs)
         updated = int(((new_rs.obj if new_rs else {}).get("status") or {}).get("replicas", 0))
         status: dict[str, Any] = {"observedGeneration": deploy["metadata"].get("generation", 1)}
-        for field, value in (("replicas", total), ("updatedReplicas", updated), ("readyReplicas", ready),
-                             ("availableReplicas", available), ("unavailableReplicas", max(0, replicas - available))):  # fmt: skip
+        for field, value in (
+            ("replicas", total),
+            ("updatedReplicas", updated),
+            ("readyReplicas", ready),
+            ("availableReplicas", available),
+            ("unavailableReplicas", max(0, replicas - available)),
+        ):
             if value:
                 status[field] = value
         is_available = available >= replicas
@@ -155,11 +160,21 @@ class DeploymentController(Controller):
         }
         conditions = []
         for ctype, ok, reason, message in (
-            ("Available", is_available, "MinimumReplicasAvailable" if is_available else "MinimumReplicasUnavailable",
-             "Deployment has minimum availability." if is_available else "Deployment does not have minimum availability."),
-            ("Progressing", True, "NewReplicaSetAvailable" if new_available >= replicas else "ReplicaSetUpdated",
-             f'ReplicaSet "{deploy["metadata"]["name"]}-{template_hash}" is progressing.'),
-        ):  # fmt: skip
+            (
+                "Available",
+                is_available,
+                "MinimumReplicasAvailable" if is_available else "MinimumReplicasUnavailable",
+                "Deployment has minimum availability."
+                if is_available
+                else "Deployment does not have minimum availability.",
+            ),
+            (
+                "Progressing",
+                True,
+                "NewReplicaSetAvailable" if new_available >= replicas else "ReplicaSetUpdated",
+                f'ReplicaSet "{deploy["metadata"]["name"]}-{template_hash}" is progressing.',
+            ),
+        ):
             flag = "True" if ok else "False"
             previous = old_conditions.get(ctype)
             stamp = (
@@ -167,9 +182,18 @@ class DeploymentController(Controller):
                 if previous and previous.get("status") == flag
                 else now()
             )
-            conditions.append({"type": ctype, "status": flag, "reason": reason, "message": message,
-                               "lastUpdateTime": previous.get("lastUpdateTime", stamp) if previous and previous.get("reason") == reason else now(),
-                               "lastTransitionTime": stamp})  # fmt: skip
+            conditions.append(
+                {
+                    "type": ctype,
+                    "status": flag,
+                    "reason": reason,
+                    "message": message,
+                    "lastUpdateTime": previous.get("lastUpdateTime", stamp)
+                    if previous and previous.get("reason") == reason
+                    else now(),
+                    "lastTransitionTime": stamp,
+                }
+            )
         status["conditions"] = conditions
         if deploy.get("status") != status:
             obj = stored.copy()
@@ -217,9 +241,11 @@ class ReplicaSetController(Controller):
             ].get("deletionTimestamp"):
                 self.store.remove(pods_rt, key[0], pod["metadata"]["name"])
         live = [
-            p for p in pods
-            if not p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
-        ]  # fmt: skip
+            p
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+        ]
         template = spec.get("template") or {}
         for _ in range(replicas - len(live)):
             pod = {
@@ -238,8 +264,13 @@ class ReplicaSetController(Controller):
             live.append(self.store.insert(pods_rt, pod).obj)
         if len(live) > replicas:
             # Delete the least useful pods first: unscheduled, then not ready, then newest.
-            live.sort(key=lambda p: (bool((p.get("spec") or {}).get("nodeName")), scheduling.pod_ready(p),
-                                     p["metadata"].get("creationTimestamp", "")))  # fmt: skip
+            live.sort(
+                key=lambda p: (
+                    bool((p.get("spec") or {}).get("nodeName")),
+                    scheduling.pod_ready(p),
+                    p["metadata"].get("creationTimestamp", ""),
+                )
+            )
             for pod in live[: len(live) - replicas]:
                 self.store.remove(pods_rt, key[0], pod["metadata"]["name"])
             live = live[len(live) - replicas :]
@@ -320,9 +351,16 @@ class Scheduler(Controller):
             conditions = [
                 c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"
             ]
-            conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                               "message": "0/%d nodes are available." % sum(1 for _ in self.store.scan(NODE_KEY)),
-                               "lastProbeTime": None, "lastTransitionTime": now()})  # fmt: skip
+            conditions.append(
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": f"0/{len(self.store.bucket(NODE_KEY))} nodes are available.",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now(),
+                }
+            )
             previous = [
                 c
                 for c in (pod.get("status") or {}).get("conditions") or []

@@ -56,7 +56,8 @@ def check_eviction(store: Store, pod: dict[str, Any]) -> None:
     if len(matching) > 1:
         raise errors.ApiError(
             500,
-            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            "This pod has more than one PodDisruptionBudget, "
+            "which the eviction subresource does not support.",
         )
     pdb = matching[0]
     counts = budget(store, pdb)
@@ -77,7 +78,8 @@ def check_eviction(store: Store, pod: dict[str, Any]) -> None:
             "causes": [
                 {
                     "reason": "DisruptionBudget",
-                    "message": f"The disruption budget {name} needs {counts['desiredHealthy']} healthy "
+                    "message": f"The disruption budget {name} needs "
+                    f"{counts['desiredHealthy']} healthy "
                     f"pods and has {counts['currentHealthy']} currently",
                 }
             ]

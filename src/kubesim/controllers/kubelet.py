@@ -29,7 +29,7 @@ LEASE_NAMESPACE = "kube-node-lease"
 
 @dataclass
 class KubeletConfig:
-    """Delays (seconds) of the simulated kubelet; `instant=True` zeroes all of them for scale tests."""
+    """Delays (seconds) of the simulated kubelet; `instant=True` zeroes them for scale tests."""
 
     instant: bool = False
     pending_delay: float = 0.0

@@ -1,4 +1,4 @@
-"""Namespace controller: empties terminating namespaces, then finalizes them; seeds service accounts."""
+"""Namespace controller: empties terminating namespaces, then finalizes them."""
 
 from __future__ import annotations
 
