@@ -77,9 +77,10 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
 
 
 def sanitize_kernel(kernel: str) -> str:
-    """A kernel version as it appears in DaemonSet names (upstream's rule)."""
-    name = re.sub(r"\.?(x86_64|aarch64)(_64k)?", "", kernel)
-    name = name.replace("_", ".").rstrip(".")
+    """A kernel version as it appears in DaemonSet names and label values."""
+    name = re.sub(r"[.-]?(x86_64|aarch64)(_64k)?", "", kernel)
+    # Names and label values must end with an alphanumeric character.
+    name = name.replace("_", ".").rstrip(".-")
     return name.lower()
 
 
