@@ -96,7 +96,8 @@ def test_cdi_env() -> None:
 
 def test_no_cdi() -> None:
     env = env_of(ctr(render(cdi={"enabled": False}), CTR))
-    assert "CDI_ENABLED" not in env and "NVIDIA_CONTAINER_RUNTIME_MODE" not in env
+    assert "CDI_ENABLED" not in env
+    assert "NVIDIA_CONTAINER_RUNTIME_MODE" not in env
     assert env_of(ctr(render("crio", cdi={"enabled": False}), CTR))["CRIO_CONFIG_MODE"] == "hook"
 
 

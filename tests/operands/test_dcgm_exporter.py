@@ -1,0 +1,187 @@
+"""DCGM and its exporter: remote engine, RBAC gate, metrics ConfigMap, Services, ServiceMonitor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operand_helpers import ctr, env_of, find, make_facts, make_policy, mounts_of, pod, volumes_of
+
+from gpu_operator.operands import dcgm, dcgm_exporter
+
+CTR = "nvidia-dcgm-exporter"
+
+
+def render(facts: Any = None, **sections: Any) -> list[dict[str, Any]]:
+    return dcgm_exporter.render(make_policy(**sections), facts or make_facts())
+
+
+def kinds(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"]["name"]) for o in objects]
+
+
+def test_default_objects_in_apply_order() -> None:
+    assert kinds(render(dcgm={"enabled": False})) == [
+        ("ServiceAccount", "nvidia-dcgm-exporter"),
+        ("ConfigMap", "default-dcgm-exporter-metrics"),
+        ("DaemonSet", "nvidia-dcgm-exporter"),
+        ("Service", "nvidia-dcgm-exporter"),
+    ]
+
+
+def test_default_metrics_csv_is_mounted() -> None:
+    objects = render()
+    csv = find(objects, "ConfigMap")["data"]["dcgm-metrics.csv"]
+    rows = [line.split(", ") for line in csv.splitlines() if line and not line.startswith("#")]
+    assert len(rows) == 26
+    assert ["DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."] in rows
+    assert ["DCGM_FI_DRIVER_VERSION", "label", "Driver Version."] in rows
+    ds = find(objects, "DaemonSet")
+    assert mounts_of(ctr(ds, CTR))["/etc/dcgm-exporter/dcgm-metrics.csv"] == "metrics-config"
+    assert env_of(ctr(ds, CTR))["DCGM_EXPORTER_COLLECTORS"] == "/etc/dcgm-exporter/dcgm-metrics.csv"
+
+
+def test_custom_metrics_config_map_replaces_the_default() -> None:
+    objects = render(dcgmExporter={"config": {"name": "my-metrics"}})
+    assert "ConfigMap" not in [k for k, _ in kinds(objects)]
+    assert volumes_of(find(objects, "DaemonSet"))["metrics-config"]["configMap"] == {
+        "name": "my-metrics"
+    }
+
+
+@pytest.mark.parametrize(("dcgm_on", "expected"), [(True, "nvidia-dcgm:5555"), (False, None)])
+def test_remote_host_engine(dcgm_on: bool, expected: str | None) -> None:
+    ds = find(render(dcgm={"enabled": dcgm_on}), "DaemonSet")
+    assert env_of(ctr(ds, CTR)).get("DCGM_REMOTE_HOSTENGINE_INFO") == expected
+    assert "hostNetwork" not in pod(ds)
+
+
+@pytest.mark.parametrize(
+    "exporter",
+    [
+        {"enablePodLabels": True},
+        {"enablePodUID": True},
+        {"env": [{"name": "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "value": "true"}]},
+    ],
+)
+def test_read_pods_rbac_gate(exporter: dict[str, Any]) -> None:
+    objects = render(dcgmExporter=exporter)
+    role = find(objects, "ClusterRole", "nvidia-dcgm-exporter-read-pods")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = find(objects, "ClusterRoleBinding", "nvidia-dcgm-exporter-read-pods")
+    assert binding["subjects"][0]["name"] == "nvidia-dcgm-exporter"
+    assert pod(find(objects, "DaemonSet"))["automountServiceAccountToken"] is True
+
+
+def test_no_api_access_without_pod_attributes() -> None:
+    objects = render()
+    assert "ClusterRole" not in [k for k, _ in kinds(objects)]
+    assert pod(find(objects, "DaemonSet"))["automountServiceAccountToken"] is False
+
+
+def test_pod_attribute_env_hpc_and_host_pid() -> None:
+    exporter = {
+        "enablePodLabels": True,
+        "enablePodUID": True,
+        "podLabelAllowlistRegex": ["^app$", "^team"],
+        "hpcJobMapping": {"enabled": True},
+        "hostPID": True,
+    }
+    ds = find(render(dcgmExporter=exporter), "DaemonSet")
+    env = env_of(ctr(ds, CTR))
+    assert env["DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"] == "true"
+    assert env["DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"] == "true"
+    assert env["DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"] == "^app$,^team"
+    assert env["DCGM_HPC_JOB_MAPPING_DIR"] == "/var/lib/dcgm-exporter/job-mapping"
+    assert (
+        volumes_of(ds)["hpc-job-mapping"]["hostPath"]["path"]
+        == "/var/lib/dcgm-exporter/job-mapping"
+    )
+    assert pod(ds)["hostPID"] is True
+
+
+def test_service() -> None:
+    service = find(
+        render(dcgmExporter={"service": {"type": "NodePort", "internalTrafficPolicy": "Local"}}),
+        "Service",
+    )
+    assert service["spec"]["ports"] == [
+        {"name": "gpu-metrics", "port": 9400, "protocol": "TCP", "targetPort": 9400}
+    ]
+    assert service["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+    assert (service["spec"]["type"], service["spec"]["internalTrafficPolicy"]) == (
+        "NodePort",
+        "Local",
+    )
+
+
+MONITOR = {
+    "enabled": True,
+    "interval": "15s",
+    "honorLabels": True,
+    "scrapeTimeout": "10s",
+    "additionalLabels": {"release": "prom"},
+    "relabelings": [
+        {
+            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": "node",
+            "action": "replace",
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("crd", "monitor", "present"),
+    [
+        (True, MONITOR, True),
+        (False, MONITOR, False),
+        (True, {"enabled": False}, False),
+        (True, None, False),
+    ],
+)
+def test_service_monitor_needs_crd_and_opt_in(
+    crd: bool, monitor: dict[str, Any] | None, present: bool
+) -> None:
+    exporter = {"serviceMonitor": monitor} if monitor else {}
+    objects = render(make_facts(has_servicemonitor_crd=crd), dcgmExporter=exporter)
+    assert ("ServiceMonitor" in [k for k, _ in kinds(objects)]) is present
+
+
+def test_service_monitor_edits() -> None:
+    objects = render(
+        make_facts(has_servicemonitor_crd=True, namespace="gpu"),
+        dcgmExporter={"serviceMonitor": MONITOR},
+    )
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gpu"]}
+    assert monitor["spec"]["endpoints"] == [
+        {
+            "port": "gpu-metrics",
+            "path": "/metrics",
+            "interval": "15s",
+            "scrapeTimeout": "10s",
+            "honorLabels": True,
+            "relabelings": [
+                {
+                    "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                    "targetLabel": "node",
+                    "action": "replace",
+                }
+            ],
+        }
+    ]
+
+
+def test_dcgm_service_is_node_local() -> None:
+    objects = dcgm.render(make_policy(), make_facts())
+    service = find(objects, "Service", "nvidia-dcgm")
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert service["spec"]["ports"][0]["port"] == 5555
+    assert (
+        find(objects, "DaemonSet", "nvidia-dcgm")["spec"]["template"]["spec"]["runtimeClassName"]
+        == "nvidia"
+    )
