@@ -6,7 +6,7 @@ from typing import Any
 
 from gpu_operator import api
 from gpu_operator.api import enablement
-from gpu_operator.operands import common
+from gpu_operator.operands import common, dcgm
 from gpu_operator.operands.common import Obj, container, env, host_path, mount, set_env
 from gpu_operator.operands.facts import ClusterFacts
 
@@ -158,7 +158,7 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
     ctr = common.main_container(ds)
     pod = common.pod_spec(ds)
     if enablement.is_enabled(spec, "dcgm"):
-        set_env(ctr, REMOTE_ENGINE, f"nvidia-dcgm:{5555}")
+        set_env(ctr, REMOTE_ENGINE, f"{dcgm.DS_NAME}:{dcgm.PORT}")
     if exporter.hostPID:
         pod["hostPID"] = True
     hpc = exporter.hpcJobMapping
