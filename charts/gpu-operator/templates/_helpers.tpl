@@ -1,0 +1,122 @@
+{{/* Chart name, release-scoped names and the labels every object carries. */}}
+{{- define "gpu-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpu-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpu-operator.labels" -}}
+app.kubernetes.io/name: {{ include "gpu-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "gpu-operator.chart" . }}
+{{- with .Values.operator.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The selector of the operator pods; never changes between releases. */}}
+{{- define "gpu-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-operator.name" . }}
+app.kubernetes.io/component: gpu-operator
+{{- end -}}
+
+{{/* repository/image:version, or repository/image@sha256:... for digests. */}}
+{{- define "gpu-operator.image" -}}
+{{- $version := .version | default "" | toString -}}
+{{- if and (not .repository) (not $version) -}}
+{{- .image -}}
+{{- else if hasPrefix "sha256:" $version -}}
+{{- printf "%s/%s@%s" .repository .image $version -}}
+{{- else -}}
+{{- printf "%s/%s:%s" .repository .image $version -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpu-operator.operatorImage" -}}
+{{- $op := .Values.operator -}}
+{{- include "gpu-operator.image" (dict "repository" $op.repository "image" $op.image "version" ($op.version | default .Chart.AppVersion)) -}}
+{{- end -}}
+
+{{/*
+A values section as ClusterPolicy YAML: every key passes through unchanged except the chart-only
+keys listed in "drop" (chart-only knobs such as config.create/data never reach the API).
+*/}}
+{{- define "gpu-operator.section" -}}
+{{- $section := omit (deepCopy .values) "nvidiaDriverCRD" -}}
+{{- range .drop }}{{ $_ := unset $section . }}{{ end -}}
+{{- range $key, $value := deepCopy $section -}}
+{{- if and (kindIs "string" $value) (eq $value "") }}{{ $_ := unset $section $key }}{{ end -}}
+{{- end -}}
+{{- /* An image name alone is a full reference only with a tag or digest; otherwise leave the
+       image to the operator's *_IMAGE fallback (e.g. vgpuManager with no registry set). */ -}}
+{{- if and (hasKey $section "image") (not (hasKey $section "repository")) (not (hasKey $section "version")) -}}
+{{- if not (regexMatch "[:@]" (toString $section.image)) }}{{ $_ := unset $section "image" }}{{ end -}}
+{{- end -}}
+{{- toYaml $section -}}
+{{- end -}}
+
+{{/* The upgrade policy with upstream's one rename: gpuPodDeletion -> podDeletion. */}}
+{{- define "gpu-operator.upgradePolicy" -}}
+{{- $policy := deepCopy . -}}
+{{- if hasKey $policy "gpuPodDeletion" -}}
+{{- $_ := set $policy "podDeletion" (get $policy "gpuPodDeletion") -}}
+{{- $_ := unset $policy "gpuPodDeletion" -}}
+{{- end -}}
+{{- range $key := list "waitForCompletion" "drain" -}}
+{{- $part := get $policy $key -}}
+{{- if and (kindIs "map" $part) (hasKey $part "podSelector") (empty (get $part "podSelector")) -}}
+{{- $_ := unset $part "podSelector" -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $policy -}}
+{{- end -}}
+
+{{/* A `{name, default}` config reference, with only the keys that carry a value. */}}
+{{- define "gpu-operator.configRef" -}}
+{{- $out := dict -}}
+{{- if .name }}{{ $_ := set $out "name" .name }}{{ end -}}
+{{- if .default }}{{ $_ := set $out "default" .default }}{{ end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* Cluster-scoped RBAC objects the operator renders for its operands (resourceNames below). */}}
+{{- define "gpu-operator.operandClusterRoles" -}}
+- nvidia-cc-manager
+- nvidia-container-toolkit
+- nvidia-dcgm-exporter-read-pods
+- nvidia-device-plugin
+- nvidia-driver
+- nvidia-gpu-feature-discovery
+- nvidia-kata-sandbox-device-plugin
+- nvidia-mig-manager
+- nvidia-mps-control-daemon
+- nvidia-node-status-exporter
+- nvidia-operator-validator
+- nvidia-sandbox-device-plugin
+- nvidia-sandbox-validator
+- nvidia-vfio-manager
+- nvidia-vgpu-device-manager
+- nvidia-vgpu-manager
+{{- end -}}
+
+{{/* Namespaced Roles the operator renders for its operands. */}}
+{{- define "gpu-operator.operandRoles" -}}
+- nvidia-container-toolkit
+- nvidia-driver
+- nvidia-gpu-feature-discovery
+- nvidia-mig-manager
+- nvidia-operator-validator
+- nvidia-vfio-manager
+- nvidia-vgpu-manager
+{{- end -}}
+
+{{/* RuntimeClasses the toolkit state creates. */}}
+{{- define "gpu-operator.runtimeClasses" -}}
+- nvidia
+- nvidia-cdi
+- nvidia-legacy
+{{- end -}}
