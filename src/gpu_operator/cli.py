@@ -47,9 +47,45 @@ def crds(
     out: Path | None = typer.Option(
         None, "--out", help="Write one file per CRD into this directory instead of stdout."
     ),
+    apply: bool = typer.Option(
+        False, "--apply", help="Server-side apply the CRDs to the cluster and wait until served."
+    ),
+    delete: bool = typer.Option(
+        False, "--delete", help="Delete the CRDs from the cluster (and every object of them)."
+    ),
+    kubeconfig: str | None = typer.Option(
+        None, "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: in-cluster)."
+    ),
 ) -> None:
-    """Print the ClusterPolicy and NVIDIADriver CRDs generated from the models."""
+    """Print the ClusterPolicy and NVIDIADriver CRDs generated from the models, or install them."""
     generated = crd_gen.all_crds()
+    if sum((out is not None, apply, delete)) > 1:
+        err.print("error: --out, --apply and --delete exclude each other")
+        raise typer.Exit(2)
+    if apply or delete:
+        # Imported here so that printing the CRDs never loads the client stack.
+        from gpu_operator.kube import client as kube_client
+        from gpu_operator.kube import crd_install
+
+        async def run() -> list[str]:
+            client = kube_client.connect(kubeconfig)
+            try:
+                if apply:
+                    return await crd_install.apply(client, generated.values())
+                names = [str(crd["metadata"]["name"]) for crd in generated.values()]
+                return await crd_install.delete(client, names)
+            finally:
+                await client.close()
+
+        try:
+            done = asyncio.run(run())
+        except (kube_client.ConnectError, crd_install.CRDInstallError) as exc:
+            err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(1) from None
+        verb = f"applied (schema version {crd_gen.SCHEMA_VERSION})" if apply else "deleted"
+        for name in done:
+            typer.echo(f"customresourcedefinition/{name} {verb}")
+        return
     if out is None:
         typer.echo(
             yaml.safe_dump_all(list(generated.values()), sort_keys=False, width=100), nl=False

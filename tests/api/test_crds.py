@@ -185,3 +185,72 @@ def test_any_instance_validates_against_its_own_schema(
         assert errors == []
 
     check()
+
+
+# --- schema version marker ---
+
+
+@pytest.mark.parametrize("filename", sorted(GENERATED))
+def test_every_crd_carries_the_schema_version_marker(filename: str) -> None:
+    annotations = GENERATED[filename]["metadata"]["annotations"]
+    assert annotations[crds.SCHEMA_VERSION_ANNOTATION] == str(crds.SCHEMA_VERSION)
+
+
+def test_schema_changes_come_with_a_version_bump() -> None:
+    assert crds.schema_digest(GENERATED) == crds.SCHEMA_DIGEST, (
+        "the CRD schema changed: bump SCHEMA_VERSION and set SCHEMA_DIGEST to "
+        f"{crds.schema_digest(GENERATED)!r} in src/gpu_operator/api/crds.py"
+    )
+
+
+def test_schema_digest_ignores_annotations_but_not_the_schema() -> None:
+    relabelled = {k: {**v, "metadata": {"name": "x"}} for k, v in GENERATED.items()}
+    assert crds.schema_digest(relabelled) == crds.schema_digest(GENERATED)
+    changed = yaml.safe_load(yaml.safe_dump(GENERATED))
+    schema_of(changed["nvidia.com_clusterpolicies.yaml"])["properties"]["spec"]["properties"][
+        "extra"
+    ] = {"type": "string"}
+    assert crds.schema_digest(changed) != crds.schema_digest(GENERATED)
+
+
+def installed(annotation: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "clusterpolicies.nvidia.com"}
+    if annotation is not None:
+        meta["annotations"] = {crds.SCHEMA_VERSION_ANNOTATION: annotation}
+    return {"kind": "CustomResourceDefinition", "metadata": meta, "spec": {}}
+
+
+@pytest.mark.parametrize(
+    ("annotation", "older", "installed_version"),
+    [
+        (None, True, None),  # upstream's CRDs or ours before markers
+        ("0", True, 0),
+        (str(crds.SCHEMA_VERSION), False, crds.SCHEMA_VERSION),
+        (str(crds.SCHEMA_VERSION + 1), False, crds.SCHEMA_VERSION + 1),  # a newer operator's
+        ("v2", True, None),
+    ],
+)
+def test_installed_schema_compares_markers(
+    annotation: str | None, older: bool, installed_version: int | None
+) -> None:
+    found = crds.installed_schema(installed(annotation))
+    assert found.older is older
+    assert crds.is_older(installed(annotation)) is older
+    assert found.installed == installed_version
+    assert found.expected == crds.SCHEMA_VERSION
+    if older:
+        assert "gpu-operator crds --apply" in found.message
+        assert "clusterpolicies.nvidia.com" in found.message
+
+
+def test_unreadable_and_missing_markers_are_explained() -> None:
+    assert (
+        "no nvidia.com/gpu-operator-crd-version marker"
+        in crds.installed_schema(installed(None)).message
+    )
+    assert "unreadable" in crds.installed_schema(installed("v2")).message
+    assert crds.installed_schema({"metadata": {}}).name == "<unnamed>"
+
+
+def test_the_generated_crds_are_not_older_than_themselves() -> None:
+    assert not any(crds.is_older(crd) for crd in GENERATED.values())

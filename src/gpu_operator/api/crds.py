@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
-from typing import Any
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -12,6 +16,14 @@ from gpu_operator.api import clusterpolicy, nvidiadriver
 from gpu_operator.api.fields import TypeInfo, describe
 
 _EXTRA_KEYS = ("format", "x-kubernetes-validations")
+
+# Schema version marker. Every generated CRD carries SCHEMA_VERSION_ANNOTATION; the operator refuses
+# to reconcile while an installed CRD is older, because the API server would prune fields it does
+# not know (silently losing settings). Any schema change must bump SCHEMA_VERSION and record the new
+# SCHEMA_DIGEST: tests/api/test_crds.py fails until both are updated, so a bump is never forgotten.
+SCHEMA_VERSION_ANNOTATION: Final = "nvidia.com/gpu-operator-crd-version"
+SCHEMA_VERSION: Final = 1
+SCHEMA_DIGEST: Final = "cd5445e0d2d300df"
 _AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
@@ -128,7 +140,10 @@ def _crd(
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{group}"},
+        "metadata": {
+            "name": f"{plural}.{group}",
+            "annotations": {SCHEMA_VERSION_ANNOTATION: str(SCHEMA_VERSION)},
+        },
         "spec": {
             "group": group,
             "names": names,
@@ -186,3 +201,56 @@ def all_crds() -> dict[str, dict[str, Any]]:
         "nvidia.com_clusterpolicies.yaml": clusterpolicy_crd(),
         "nvidia.com_nvidiadrivers.yaml": nvidiadriver_crd(),
     }
+
+
+def schema_digest(crds: Mapping[str, Mapping[str, Any]]) -> str:
+    """A short hash of the CRD specs (annotations excluded): it changes whenever the schema does."""
+    specs = {name: crd["spec"] for name, crd in sorted(crds.items())}
+    canonical = json.dumps(specs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class InstalledSchema:
+    """How an installed CRD's schema version compares with the one this operator generates."""
+
+    name: str
+    installed: int | None
+    expected: int
+    problem: str | None = None
+
+    @property
+    def older(self) -> bool:
+        """True when reconciling could lose fields: no marker, an unreadable one, or a lower one."""
+        return self.installed is None or self.installed < self.expected
+
+    @property
+    def message(self) -> str:
+        if not self.older:
+            return f"CRD {self.name} has schema version {self.installed} (ours: {self.expected})"
+        found = self.problem or f"schema version {self.installed}"
+        return (
+            f"CRD {self.name} has {found}, older than the operator's {self.expected}: "
+            "fields it does not know would be pruned; upgrade the CRDs with "
+            "`gpu-operator crds --apply` (the Helm chart does this before each upgrade)"
+        )
+
+
+def installed_schema(crd: Mapping[str, Any]) -> InstalledSchema:
+    """Read the schema version marker of an installed CRD object (as returned by the API)."""
+    metadata = crd.get("metadata") or {}
+    name = str(metadata.get("name") or "<unnamed>")
+    raw = (metadata.get("annotations") or {}).get(SCHEMA_VERSION_ANNOTATION)
+    if raw is None:
+        return InstalledSchema(name, None, SCHEMA_VERSION, f"no {SCHEMA_VERSION_ANNOTATION} marker")
+    try:
+        version = int(str(raw).strip())
+    except ValueError:
+        problem = f"an unreadable {SCHEMA_VERSION_ANNOTATION} marker {raw!r}"
+        return InstalledSchema(name, None, SCHEMA_VERSION, problem)
+    return InstalledSchema(name, version, SCHEMA_VERSION)
+
+
+def is_older(crd: Mapping[str, Any]) -> bool:
+    """Whether an installed CRD's schema is older than the one this operator generates."""
+    return installed_schema(crd).older
