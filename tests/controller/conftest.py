@@ -2,106 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import copy
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
+from operator_harness import CPU_LABELS, NAMESPACE, Env, gpu_node
 
 import kubesim
 from gpu_operator.api import crds, keys
-from gpu_operator.api.images import IMAGE_ENV
-from gpu_operator.controller.operator import Operator, Settings
-from gpu_operator.kube import client as kube_client
 from kubesim.controllers.kubelet import KubeletConfig
-
-NAMESPACE = "gpu-operator"
-OPERATOR_ENV = {
-    name: f"registry.local/{name.lower().replace('_image', '')}:v1"
-    for name in set(IMAGE_ENV.values())
-}
-GPU_LABELS = {
-    "feature.node.kubernetes.io/pci-10de.present": "true",
-    keys.NFD_OS_ID: "ubuntu",
-    keys.NFD_OS_VERSION_ID: "22.04",
-    keys.NFD_KERNEL_FULL: "6.8.0-52-generic",
-}
-CPU_LABELS = {keys.NFD_OS_ID: "ubuntu", keys.NFD_OS_VERSION_ID: "22.04"}
-POLICY: dict[str, Any] = {
-    "apiVersion": "nvidia.com/v1",
-    "kind": "ClusterPolicy",
-    "metadata": {"name": "cluster-policy"},
-    "spec": {
-        "operator": {},
-        "daemonsets": {},
-        "driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "580.95.05"},
-        "toolkit": {},
-        "devicePlugin": {},
-        "dcgmExporter": {},
-        "dcgm": {"enabled": False},
-        "nodeStatusExporter": {},
-        "gfd": {},
-    },
-}
-
-
-@dataclass
-class Env:
-    sim: kubesim.Cluster
-    operators: list[Operator]
-    tasks: list[asyncio.Task[None]]
-
-    @property
-    def operator(self) -> Operator:
-        return self.operators[0]
-
-    def policy(self, name: str = "cluster-policy") -> dict[str, Any]:
-        found = self.sim.store.get("clusterpolicies.nvidia.com", name)
-        assert found is not None
-        return found
-
-    def node_labels(self, name: str) -> dict[str, str]:
-        node = self.sim.store.get("nodes", name)
-        assert node is not None
-        return dict(node["metadata"].get("labels") or {})
-
-    def daemonsets(self) -> dict[str, dict[str, Any]]:
-        return {
-            d["metadata"]["name"]: d for d in self.sim.store.list("daemonsets", namespace=NAMESPACE)
-        }
-
-    async def wait(self, predicate: Callable[[], bool], message: str, timeout: float = 20) -> None:
-        await self.sim.wait_for(predicate, timeout=timeout, message=message)
-
-    async def wait_ready(self, name: str = "cluster-policy", timeout: float = 20) -> None:
-        def ready() -> bool:
-            status = self.policy(name).get("status") or {}
-            return bool(status.get("state") == "ready")
-
-        await self.wait(ready, f"ClusterPolicy {name} ready", timeout)
-
-    def start_operator(self, **settings: Any) -> Operator:
-        client = kube_client.connect(str(self.sim.kubeconfig_path))
-        operator = Operator(
-            client,
-            Settings(namespace=NAMESPACE, operator_env=OPERATOR_ENV, **settings),
-        )
-        self.operators.append(operator)
-        self.tasks.append(asyncio.create_task(operator.run()))
-        return operator
-
-    async def stop_operator(self, operator: Operator) -> None:
-        index = self.operators.index(operator)
-        task = self.tasks[index]
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await operator.client.close()
-
-
-def gpu_node(sim: kubesim.Cluster, name: str, **extra: str) -> None:
-    sim.add_node(name, labels={**GPU_LABELS, **extra})
 
 
 @pytest.fixture
@@ -122,9 +30,3 @@ async def env(cluster: kubesim.Cluster) -> AsyncIterator[Env]:
     yield environment
     for operator in list(environment.operators):
         await environment.stop_operator(operator)
-
-
-def policy(**spec: Any) -> dict[str, Any]:
-    body = copy.deepcopy(POLICY)
-    body["spec"].update(spec)
-    return body

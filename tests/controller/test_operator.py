@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from operator_harness import NAMESPACE, Env, gpu_node, policy
+
 from gpu_operator.api import keys
 from gpu_operator.nodes import ledger
-
-from .conftest import NAMESPACE, Env, gpu_node, policy
 
 CORE_DAEMONSETS = {
     "nvidia-driver-daemonset",
@@ -71,7 +71,7 @@ async def test_env_change_writes_only_the_affected_daemonset(env: Env) -> None:
     env.sim.store.patch(
         "clusterpolicies.nvidia.com",
         "cluster-policy",
-        {"spec": {"devicePlugin": {"env": [{"name": "PASS_DEVICE_SPECS", "value": "true"}]}}},
+        {"spec": {"devicePlugin": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}}},
     )
 
     def plugin_updated() -> bool:
@@ -83,11 +83,12 @@ async def test_env_change_writes_only_the_affected_daemonset(env: Env) -> None:
     changed = {
         n for n, d in env.daemonsets().items() if d["metadata"]["generation"] != generations[n]
     }
-    assert changed == {"nvidia-device-plugin-daemonset"}
+    # The MPS control daemon runs the device-plugin image with the device plugin's env (upstream).
+    assert changed == {"nvidia-device-plugin-daemonset", "nvidia-device-plugin-mps-control-daemon"}
     container = env.daemonsets()["nvidia-device-plugin-daemonset"]["spec"]["template"]["spec"][
         "containers"
     ][0]
-    assert {"name": "PASS_DEVICE_SPECS", "value": "true"} in container["env"]
+    assert {"name": "LOG_LEVEL", "value": "debug"} in container["env"]
     assert before  # the snapshot was taken
 
 

@@ -28,6 +28,7 @@ def from_nodes(
     operator_env: Mapping[str, str],
     has_servicemonitor_crd: bool,
     has_prometheusrule_crd: bool,
+    config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
     kubernetes_version: str = "1.35.0",
 ) -> ClusterFacts:
     """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels."""
@@ -67,4 +68,5 @@ def from_nodes(
         has_servicemonitor_crd=has_servicemonitor_crd,
         has_prometheusrule_crd=has_prometheusrule_crd,
         operator_env=dict(operator_env),
+        config_map_keys=dict(config_map_keys or {}),
     )

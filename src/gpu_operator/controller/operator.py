@@ -27,8 +27,8 @@ from gpu_operator.controller.metrics import (
     OperatorMetrics,
 )
 from gpu_operator.kube import resources
-from gpu_operator.kube.client import AsyncClient
 from gpu_operator.kube.cache import Informer
+from gpu_operator.kube.client import AsyncClient
 from gpu_operator.kube.leader import LeaderElector
 from gpu_operator.kube.queue import WorkQueue
 from gpu_operator.kube.writer import Writer, needs_write
@@ -127,6 +127,8 @@ class Operator:
         self.label_policy: labelling.LabelPolicy | None = None
         self.active_uid: str | None = None
         self.conflicts: dict[str, list[str]] = {}
+        # Nodes whose labels may still need a write; status is not ready while any remain.
+        self.pending_nodes: set[str] = set()
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._reported_conflicts: set[tuple[str, str]] = set()
@@ -161,6 +163,7 @@ class Operator:
     def _on_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         if old == new:
             return
+        self.pending_nodes.add(key)
         self.queue.add(NODE_PREFIX + key)
         if self._facts_input(old) != self._facts_input(new):
             self.queue.add_after(POLICY_KEY, self.settings.status_debounce)
@@ -212,9 +215,10 @@ class Operator:
             if self.elector is not None:
                 self._tasks.append(asyncio.create_task(self.elector.run()))
                 await self.elector.is_leader.wait()
-            self.queue.add(POLICY_KEY)
             for name in list(self.nodes.objects):
+                self.pending_nodes.add(name)
                 self.queue.add(NODE_PREFIX + name)
+            self.queue.add(POLICY_KEY)
             await self._work()
         finally:
             for task in self._tasks:
@@ -266,6 +270,9 @@ class Operator:
             operator_env=self.settings.operator_env,
             has_servicemonitor_crd=SERVICEMONITOR_CRD in crds,
             has_prometheusrule_crd=PROMETHEUSRULE_CRD in crds,
+            config_map_keys={
+                cm["metadata"]["name"]: tuple(cm["keys"]) for cm in self.configmaps.objects.values()
+            },
         )
 
     async def _patch_status(self, policy: dict[str, Any], status: dict[str, Any]) -> None:
@@ -278,6 +285,7 @@ class Operator:
         if value != self.label_policy:
             self.label_policy = value
             for name in self.nodes.objects:
+                self.pending_nodes.add(name)
                 self.queue.add(NODE_PREFIX + name)
 
     async def reconcile_policy(self) -> None:
@@ -321,6 +329,14 @@ class Operator:
         self._set_label_policy(labelling.LabelPolicy.from_policy(policy))
         facts = self.cluster_facts()
         reports = await self._sync_states(policy, active, facts)
+        if self.pending_nodes:
+            pending = sorted(self.pending_nodes)
+            shown = ", ".join(pending[:3]) + (
+                f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+            )
+            reports.insert(
+                0, summary.StateReport("node-labelling", "notReady", f"labelling {shown}")
+            )
         status = summary.build(
             reports,
             summary.ClusterView(
@@ -378,7 +394,13 @@ class Operator:
         for state in registry.render_all(policy, facts):
             if state.error is not None:
                 keep_states.add(state.name)  # a failed render never deletes what runs
-                reports.append(summary.StateReport(state.name, "failed", state.error))
+                if facts.gpu_node_count == 0:
+                    # Upstream renders nothing without GPU nodes; facts such as the OS come from
+                    # GPU nodes, so a render failure now is not an error yet.
+                    message = f"nothing to deploy without GPU nodes ({state.error})"
+                    reports.append(summary.StateReport(state.name, "ready", message))
+                else:
+                    reports.append(summary.StateReport(state.name, "failed", state.error))
                 continue
             if not state.enabled:
                 reports.append(summary.StateReport(state.name, "disabled"))
@@ -395,6 +417,8 @@ class Operator:
                 if obj.get("kind") == "DaemonSet":
                     daemonsets.setdefault(state.name, []).append(obj)
             reports.append(summary.StateReport(state.name, "ready"))
+        for obj in to_write:
+            log.debug("applying %s %s", obj.get("kind"), _ref(obj)[3])
         await asyncio.gather(*(self._write(obj) for obj in to_write))
         written = {_ref(obj) for obj in to_write}
         await self._prune(
@@ -421,6 +445,10 @@ class Operator:
             live = self._live(ds)
             if live is None:
                 problems.append(f"{name}: not created yet")
+                continue
+            generation = live["metadata"].get("generation") or 0
+            if (live.get("status") or {}).get("observedGeneration", 0) < generation:
+                problems.append(f"{name}: waiting for the DaemonSet controller to observe it")
                 continue
             pods, revisions = by_owner.get(str(live["metadata"].get("uid")), ([], []))
             verdict = readiness.daemonset_readiness(live, pods, revisions)
@@ -472,11 +500,18 @@ class Operator:
 
     # ----- nodes ------------------------------------------------------------------------------
 
+    def _node_settled(self, name: str) -> None:
+        if name in self.pending_nodes:
+            self.pending_nodes.discard(name)
+            if not self.pending_nodes:
+                self.queue.add_after(POLICY_KEY, self.settings.status_debounce)
+
     async def reconcile_node(self, name: str) -> None:
         """Bring one node's labels in line with the active policy (or clean up after it)."""
         node = self.nodes.get(name)
         if node is None:
             self.conflicts.pop(name, None)
+            self._node_settled(name)
             return
         meta = node.get("metadata") or {}
         labels = meta.get("labels") or {}
@@ -485,12 +520,16 @@ class Operator:
             if self.active_policy() is not None:
                 return  # the policy is invalid or not reconciled yet: leave nodes alone
             if ledger.ANNOTATION not in annotations:
+                self._node_settled(name)
                 return
             plan = labelling.plan_cleanup(labels, annotations)
         else:
             plan = labelling.plan_node(labels, annotations, self.label_policy)
         if not plan.empty:
+            # Settled only when the watch brings our write back and the plan comes out empty.
             await self.writer.patch_node(name, plan.merge_patch())
+        else:
+            self._node_settled(name)
         had = bool(self.conflicts.get(name))
         if plan.conflicts:
             self.conflicts[name] = plan.conflicts

@@ -85,3 +85,9 @@ def revision(obj: dict[str, Any]) -> dict[str, Any]:
 
 def name_only(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": (obj.get("metadata") or {}).get("name")}}
+
+
+def configmap_keys(obj: dict[str, Any]) -> dict[str, Any]:
+    """A ConfigMap's name and the keys it holds (the driver mounts referenced ones key by key)."""
+    keys_held = sorted({*(obj.get("data") or {}), *(obj.get("binaryData") or {})})
+    return {"metadata": {"name": (obj.get("metadata") or {}).get("name")}, "keys": keys_held}
