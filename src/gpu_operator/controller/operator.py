@@ -121,6 +121,13 @@ class Operator:
         self.crds = Informer(
             client, resources.CRD, transform=strip.name_only, on_change=self._on_crd
         )
+        self.configmaps = Informer(
+            client,
+            resources.resource("v1", "ConfigMap"),
+            namespace=ns,
+            transform=strip.configmap_keys,
+            on_change=self._on_status,
+        )
         self.owned: dict[tuple[str, str], Informer] = {}
         for api_version, kind in OWNED_KINDS:
             self._add_owned(api_version, kind)
