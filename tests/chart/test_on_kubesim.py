@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,13 @@ import pytest
 import yaml
 
 import kubesim
-from gpu_operator.api import crds
+from gpu_operator.api import crds, keys
+from gpu_operator.controller.operator import Operator, Settings
 from gpu_operator.kube import client as kube_client
 from gpu_operator.kube import crd_install
+from kubesim.controllers.kubelet import KubeletConfig
 
-from .conftest import CHART, KUBECTL, NAMESPACE, needs_helm
+from .conftest import CHART, HELM, KUBECTL, NAMESPACE, needs_helm
 
 CP_CRD = "clusterpolicies.nvidia.com"
 GPU_OPERATOR = Path(sys.executable).parent / "gpu-operator"
@@ -124,3 +127,58 @@ async def test_rendered_chart_applies_with_kubectl(
     code, out = await run(str(KUBECTL), "get", "clusterpolicy", sim=sim)
     assert code == 0, out
     assert "cluster-policy" in out
+
+
+def rendered_release(packaged_chart: Path, values: Path) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [str(HELM), "template", "gpu-operator", str(packaged_chart), "-n", NAMESPACE,
+         "--include-crds", "-f", str(values)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return [
+        d
+        for d in yaml.safe_load_all(proc.stdout)
+        if d and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+    ]
+
+
+@needs_helm
+async def test_operator_reconciles_the_installed_chart_to_ready(packaged_chart: Path) -> None:
+    docs = rendered_release(packaged_chart, CHART / "ci" / "aks-rdma-values.yaml")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    env = {
+        e["name"]: e["value"]
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e
+    }
+    gpu_labels = {
+        "feature.node.kubernetes.io/pci-10de.present": "true",
+        keys.NFD_OS_ID: "ubuntu",
+        keys.NFD_OS_VERSION_ID: "22.04",
+        keys.NFD_KERNEL_FULL: "6.8.0-52-generic",
+    }
+    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True)) as sim:
+        sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for doc in sorted(docs, key=lambda d: d["kind"] != "CustomResourceDefinition"):
+            if doc["kind"] != "Deployment":  # the operator runs in-process instead
+                sim.store.create(doc)
+        sim.add_node("gpu-1", labels=gpu_labels)
+        client = kube_client.connect(str(sim.kubeconfig_path))
+        operator = Operator(client, Settings(namespace=NAMESPACE, operator_env=env))
+        task = asyncio.create_task(operator.run())
+        try:
+
+            def ready() -> bool:
+                policy = sim.store.get("clusterpolicies.nvidia.com", "cluster-policy") or {}
+                return bool((policy.get("status") or {}).get("state") == "ready")
+
+            await sim.wait_for(ready, timeout=30, message="cluster-policy ready")
+            daemonsets = {
+                d["metadata"]["name"] for d in sim.store.list("daemonsets", namespace=NAMESPACE)
+            }
+            assert "nvidia-driver-daemonset" in daemonsets
+            assert "nvidia-mig-manager" not in daemonsets  # disabled by the AKS values
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
