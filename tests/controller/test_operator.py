@@ -259,3 +259,88 @@ async def test_restart_mid_reconcile_converges_without_duplicates(env: Env) -> N
     await env.wait_ready()
     names = [d["metadata"]["name"] for d in env.sim.store.list("daemonsets", namespace=NAMESPACE)]
     assert len(names) == len(set(names))
+
+
+async def test_node_workload_config_change(env: Env) -> None:
+    env.sim.store.create(policy(sandboxWorkloads={"enabled": True, "defaultWorkload": "container"}))
+    env.start_operator()
+    await env.wait_ready()
+    assert env.node_labels("gpu-1")[keys.DEPLOY_PREFIX + "driver"] == "true"
+    env.sim.store.patch(
+        "nodes", "gpu-1", {"metadata": {"labels": {keys.GPU_WORKLOAD_CONFIG: "vm-passthrough"}}}
+    )
+
+    def passthrough() -> bool:
+        labels = env.node_labels("gpu-1")
+        return (
+            labels.get(keys.DEPLOY_PREFIX + "vfio-manager") == "true"
+            and keys.DEPLOY_PREFIX + "driver" not in labels
+        )
+
+    await env.wait(passthrough, "gpu-1 switched to vm-passthrough labels")
+    assert env.node_labels("gpu-2")[keys.DEPLOY_PREFIX + "driver"] == "true"
+
+
+async def test_removed_node_leaves_nothing_pending(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    env.sim.remove_node("gpu-2")
+    await env.wait(lambda: "gpu-2" not in env.operator.nodes.objects, "node gone from cache")
+    await env.wait(lambda: not env.operator.pending_nodes, "no node left pending")
+    await env.wait_ready()
+    assert env.operator.cluster_facts().gpu_node_count == 1
+
+
+async def test_api_faults_converge_without_duplicates_or_leftovers(env: Env) -> None:
+    faults = env.sim.faults
+    faults.add(verb="patch", resource="daemonsets.apps", error_rate=0.5, code=500, count=6)
+    faults.add(verb="patch", resource="nodes", error_rate=0.5, code=409, count=4)
+    faults.add(verb="patch", resource="clusterpolicies.nvidia.com/status", code=503, count=2)
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait(lambda: len(env.daemonsets()) >= 3, "some DaemonSets written")
+    faults.expire_next_watch(3)
+    faults.drop_watches()
+    await env.wait_ready(timeout=40)
+    assert faults.injected > 0
+    names = [d["metadata"]["name"] for d in env.sim.store.list("daemonsets", namespace=NAMESPACE)]
+    assert len(names) == len(set(names))
+    env.sim.store.patch(
+        "clusterpolicies.nvidia.com",
+        "cluster-policy",
+        {"spec": {"dcgmExporter": {"enabled": False}}},
+    )
+    faults.restart()
+    await env.wait(lambda: "nvidia-dcgm-exporter" not in env.daemonsets(), "exporter pruned")
+    await env.wait_ready(timeout=40)
+    services = {s["metadata"]["name"] for s in env.sim.store.list("services", namespace=NAMESPACE)}
+    assert "nvidia-dcgm-exporter" not in services
+
+
+async def test_driver_crd_mode_orphans_the_driver_daemonset(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    driver_pods = [
+        p["metadata"]["name"]
+        for p in env.sim.store.list("pods", namespace=NAMESPACE)
+        if p["metadata"]["name"].startswith("nvidia-driver-daemonset")
+    ]
+    assert driver_pods
+    env.sim.store.patch(
+        "clusterpolicies.nvidia.com",
+        "cluster-policy",
+        {"spec": {"driver": {"useNvidiaDriverCRD": True}}},
+    )
+    await env.wait(lambda: "nvidia-driver-daemonset" not in env.daemonsets(), "driver DS gone")
+    await env.sim.settle()
+    remaining = {p["metadata"]["name"] for p in env.sim.store.list("pods", namespace=NAMESPACE)}
+    assert set(driver_pods) <= remaining  # orphaned, not deleted: the upgrade flow replaces them
+    await env.wait(
+        lambda: (
+            {s["name"]: s["state"] for s in env.policy()["status"]["states"]}["state-driver"]
+            == "disabled"
+        ),
+        "driver state disabled",
+    )
