@@ -344,3 +344,36 @@ async def test_driver_crd_mode_orphans_the_driver_daemonset(env: Env) -> None:
         ),
         "driver state disabled",
     )
+
+
+async def test_outdated_crd_schema_is_refused_with_a_condition(env: Env) -> None:
+    env.sim.store.patch(
+        "customresourcedefinitions.apiextensions.k8s.io",
+        "clusterpolicies.nvidia.com",
+        {"metadata": {"annotations": {"nvidia.com/gpu-operator-crd-version": None}}},
+    )
+    env.sim.store.create(policy())
+    env.start_operator()
+
+    def refused() -> bool:
+        error = conditions(env.policy().get("status") or {}).get("Error") or {}
+        return bool(error.get("reason") == "CRDSchemaOutdated")
+
+    await env.wait(refused, "CRDSchemaOutdated condition")
+    assert "gpu-operator crds --apply" in conditions(env.policy()["status"])["Error"]["message"]
+    assert not env.daemonsets()
+    events = env.sim.store.list("events", namespace="default") + env.sim.store.list(
+        "events", namespace=NAMESPACE
+    )
+    assert any(e["reason"] == "CRDSchemaOutdated" for e in events)
+
+
+async def test_psa_labels_the_operator_namespace(env: Env) -> None:
+    env.sim.store.create(policy(psa={"enabled": True}))
+    env.start_operator()
+    await env.wait_ready()
+    namespace = env.sim.store.get("namespaces", NAMESPACE)
+    assert namespace is not None
+    labels = namespace["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "privileged"

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpu_operator import api
-from gpu_operator.api import keys
+from gpu_operator.api import crds as crd_schema
+from gpu_operator.api import enablement, keys
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.controller import strip
 from gpu_operator.controller.metrics import (
@@ -35,7 +36,7 @@ from gpu_operator.kube.writer import Writer, needs_write
 from gpu_operator.nodes import labelling, ledger
 from gpu_operator.operands import readiness, registry
 from gpu_operator.operands.facts import ClusterFacts
-from gpu_operator.status import summary
+from gpu_operator.status import conditions, summary
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,10 @@ OPTIONAL_OWNED_KINDS = (
     ("monitoring.coreos.com/v1", "ServiceMonitor", SERVICEMONITOR_CRD),
     ("monitoring.coreos.com/v1", "PrometheusRule", PROMETHEUSRULE_CRD),
 )
+OUR_CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com")
+PSA_LABELS = {
+    f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")
+}
 DRIVER_DS_PREFIXES = ("nvidia-driver-daemonset", "nvidia-vgpu-manager-daemonset")
 
 
@@ -118,9 +123,7 @@ class Operator:
             client, resources.CONTROLLER_REVISION, namespace=ns, transform=strip.revision,
             on_change=self._on_status,
         )  # fmt: skip
-        self.crds = Informer(
-            client, resources.CRD, transform=strip.name_only, on_change=self._on_crd
-        )
+        self.crds = Informer(client, resources.CRD, transform=strip.crd, on_change=self._on_crd)
         self.configmaps = Informer(
             client,
             resources.resource("v1", "ConfigMap"),
@@ -141,6 +144,7 @@ class Operator:
         self._reported_conflicts: set[tuple[str, str]] = set()
         self._last_state_outcomes: dict[str, str] = {}
         self._write_slots = asyncio.Semaphore(settings.write_concurrency)
+        self._psa_labelled = False
 
     # ----- caches and event routing ------------------------------------------------------------
 
@@ -198,7 +202,7 @@ class Operator:
             if key == crd and new is not None and (api_version, kind) not in self.owned:
                 informer = self._add_owned(api_version, kind)
                 self._tasks.append(asyncio.create_task(informer.run()))
-        if key in (SERVICEMONITOR_CRD, PROMETHEUSRULE_CRD):
+        if key in (SERVICEMONITOR_CRD, PROMETHEUSRULE_CRD, *OUR_CRDS):
             self.queue.add(POLICY_KEY)
 
     # ----- running -----------------------------------------------------------------------------
@@ -315,6 +319,29 @@ class Operator:
                     resources.CLUSTER_POLICY, other["metadata"]["name"], status
                 )
         generation = (active.get("metadata") or {}).get("generation")
+        outdated = [
+            schema
+            for schema in (crd_schema.installed_schema(c) for n, c in self.crds.objects.items()
+                           if n in OUR_CRDS)
+            if schema.older
+        ]  # fmt: skip
+        if outdated:
+            message = "; ".join(schema.message for schema in outdated)
+            log.error("refusing to reconcile: %s", message)
+            before = (active.get("status") or {}).get("conditions") or []
+            if not any(c.get("reason") == conditions.CRD_OUTDATED for c in before):
+                await self.writer.event(
+                    active, reason=conditions.CRD_OUTDATED, type_="Warning", message=message
+                )
+            await self._patch_status(
+                active,
+                summary.refused(
+                    conditions.CRD_OUTDATED, message, namespace=self.settings.namespace,
+                    now=_now(), generation=generation, previous=active.get("status"),
+                ),
+            )  # fmt: skip
+            self.metrics.status.set(STATUS_ERROR)
+            return
         checked = api.check_document(active)
         if not checked.ok or not isinstance(checked.obj, api.ClusterPolicy):
             problems = [str(p) for p in checked.errors]
@@ -334,6 +361,9 @@ class Operator:
         policy = checked.obj
         self.active_uid = active["metadata"].get("uid")
         self._set_label_policy(labelling.LabelPolicy.from_policy(policy))
+        if enablement.is_enabled(policy.spec, "psa") and not self._psa_labelled:
+            await self.writer.patch_namespace_labels(self.settings.namespace, PSA_LABELS)
+            self._psa_labelled = True
         facts = self.cluster_facts()
         reports = await self._sync_states(policy, active, facts)
         if self.pending_nodes:

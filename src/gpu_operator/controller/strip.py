@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.api import keys
+from gpu_operator.api import crds, keys
 
 _META_KEYS = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
               "deletionTimestamp", "labels", "ownerReferences")  # fmt: skip
@@ -83,8 +83,9 @@ def revision(obj: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": _meta(obj), "revision": obj.get("revision")}
 
 
-def name_only(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"name": (obj.get("metadata") or {}).get("name")}}
+def crd(obj: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's name and our schema version marker."""
+    return {"metadata": _meta(obj, annotations=(crds.SCHEMA_VERSION_ANNOTATION,))}
 
 
 def configmap_keys(obj: dict[str, Any]) -> dict[str, Any]:

@@ -82,6 +82,12 @@ class Writer:
     async def patch_node(self, name: str, patch: dict[str, Any]) -> None:
         await self.client.patch(resources.NODE, name, patch, patch_type=PatchType.MERGE)
 
+    async def patch_namespace_labels(self, name: str, labels: dict[str, str]) -> None:
+        await self.client.patch(
+            resources.resource("v1", "Namespace"), name, {"metadata": {"labels": labels}},
+            patch_type=PatchType.MERGE,
+        )  # fmt: skip
+
     async def patch_status(self, res: Any, name: str, status: dict[str, Any]) -> None:
         await self.client.patch(res.Status, name, {"status": status}, patch_type=PatchType.MERGE)
 

@@ -16,6 +16,7 @@ NO_GPU_NODES: Final = "NoGPUNodes"
 OPERAND_NOT_READY: Final = "OperandNotReady"
 DRIVER_NOT_READY: Final = "DriverNotReady"
 INVALID_SPEC: Final = "InvalidSpec"
+CRD_OUTDATED: Final = "CRDSchemaOutdated"
 SINGLETON: Final = "MultipleClusterPolicies"
 
 

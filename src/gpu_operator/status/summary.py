@@ -92,27 +92,45 @@ def build(
     }
 
 
-def invalid(
-    problems: Sequence[str], *, namespace: str, now: str, generation: int | None,
+def refused(
+    reason: str,
+    message: str,
+    *,
+    namespace: str,
+    now: str,
+    generation: int | None,
     previous: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Status for a policy the operator refuses to act on; existing operands are left running."""
-    shown = "; ".join(problems[:5]) + (
-        f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
-    )
-    message = f"invalid ClusterPolicy, nothing was changed: {shown}"
+) -> dict[str, Any]:
+    """Status for a policy the operator will not act on; existing operands are left running."""
     return {
         "state": "notReady",
         "namespace": namespace,
         "conditions": conditions.pair(
             ready=False,
-            reason=conditions.INVALID_SPEC,
+            reason=reason,
             message=message,
             now=now,
             generation=generation,
             previous=(previous or {}).get("conditions") or [],
         ),
     }
+
+
+def invalid(
+    problems: Sequence[str],
+    *,
+    namespace: str,
+    now: str,
+    generation: int | None,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Status for an invalid policy: the message names the fields at fault."""
+    more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    message = f"invalid ClusterPolicy, nothing was changed: {'; '.join(problems[:5])}{more}"
+    return refused(
+        conditions.INVALID_SPEC, message, namespace=namespace, now=now, generation=generation,
+        previous=previous,
+    )  # fmt: skip
 
 
 def ignored(*, active: str, namespace: str, now: str, generation: int | None) -> dict[str, Any]:
