@@ -78,6 +78,7 @@ class Settings:
     operator_env: Mapping[str, str] = field(default_factory=dict)
     status_debounce: float = 0.2
     write_concurrency: int = 16
+    workers: int = 8
 
 
 def _now() -> str:
@@ -230,13 +231,23 @@ class Operator:
                 self.pending_nodes.add(name)
                 self.queue.add(NODE_PREFIX + name)
             self.queue.add(POLICY_KEY)
-            await self._work()
+            await self._work_all()
         finally:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             if self.elector is not None:
                 await self.elector.release()
+
+    async def _work_all(self) -> None:
+        """Several workers drain the queue; the queue never hands one key to two of them."""
+        workers = [asyncio.create_task(self._work()) for _ in range(self.settings.workers)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
 
     async def _work(self) -> None:
         lost = asyncio.create_task(self.elector.lost.wait()) if self.elector else None
@@ -364,10 +375,12 @@ class Operator:
         if enablement.is_enabled(policy.spec, "psa") and not self._psa_labelled:
             await self.writer.patch_namespace_labels(self.settings.namespace, PSA_LABELS)
             self._psa_labelled = True
+        # Taken before the facts: node work finishing during this pass must not make the
+        # facts we rendered from look complete.
+        pending = sorted(self.pending_nodes)
         facts = self.cluster_facts()
         reports = await self._sync_states(policy, active, facts)
-        if self.pending_nodes:
-            pending = sorted(self.pending_nodes)
+        if pending:
             shown = ", ".join(pending[:3]) + (
                 f" and {len(pending) - 3} more" if len(pending) > 3 else ""
             )
