@@ -1,0 +1,263 @@
+"""Fleets of simulated nodes: named fleets, the fleet YAML file, and scaling to about N nodes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+import yaml
+
+from gpu_operator.api import keys
+from gpu_operator.nvml import machines
+
+RUNTIME_VERSIONS = {
+    "containerd": "containerd://2.0.5",
+    "cri-o": "cri-o://1.32.1",
+    "docker": "docker://27.3.1",
+}
+OS_IMAGES = {
+    ("ubuntu", "22.04"): "Ubuntu 22.04.5 LTS",
+    ("ubuntu", "24.04"): "Ubuntu 24.04.1 LTS",
+    ("rhel", "9.4"): "Red Hat Enterprise Linux 9.4 (Plow)",
+    ("rocky", "9.4"): "Rocky Linux 9.4 (Blue Onyx)",
+}
+
+
+class FleetError(ValueError):
+    """A fleet that cannot be built; the message names the file and field."""
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Pool(_Strict):
+    """Identical nodes: a machine preset (or none for CPU-only nodes) and their OS facts."""
+
+    name: str = pydantic.Field(
+        min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    machine: str | None = None
+    count: int = pydantic.Field(default=1, ge=0, le=5000)
+    os: str = "ubuntu"
+    os_version: str = pydantic.Field(default="22.04", alias="osVersion")
+    kernel: str = "6.8.0-52-generic"
+    runtime: Literal["containerd", "cri-o", "docker"] = "containerd"
+    workload: Literal["container", "vm-passthrough", "vm-vgpu"] | None = None
+    labels: dict[str, str] = pydantic.Field(default_factory=dict)
+
+    @pydantic.field_validator("machine")
+    @classmethod
+    def _known_machine(cls, value: str | None) -> str | None:
+        if value is not None and value not in machines.PRESETS:
+            known = ", ".join(sorted(machines.PRESETS))
+            raise ValueError(f"unknown machine preset {value!r}; known: {known}")
+        return value
+
+    @property
+    def gpus_per_node(self) -> int:
+        return 0 if self.machine is None else machines.preset(self.machine).gpu_count
+
+
+class Fleet(_Strict):
+    """A named list of pools."""
+
+    name: str = "custom"
+    pools: list[Pool] = pydantic.Field(min_length=1)
+
+    @pydantic.model_validator(mode="after")
+    def _unique_pools(self) -> Fleet:
+        names = [p.name for p in self.pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pool names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @property
+    def node_count(self) -> int:
+        return sum(p.count for p in self.pools)
+
+
+def _fleet(name: str, *pools: dict[str, object]) -> Fleet:
+    return Fleet.model_validate({"name": name, "pools": list(pools)})
+
+
+NAMED: dict[str, Fleet] = {
+    f.name: f
+    for f in (
+        _fleet(
+            "default",
+            {"name": "dgx-a100", "machine": "dgx-a100", "count": 2},
+            {"name": "dgx-h100", "machine": "dgx-h100", "count": 2},
+            {"name": "t4", "machine": "t4x4", "count": 2},
+            {"name": "l4", "machine": "l4x8", "count": 1},
+            {"name": "cpu", "count": 2},
+        ),
+        _fleet(
+            "small",
+            {"name": "dgx-a100", "machine": "dgx-a100", "count": 1},
+            {"name": "t4", "machine": "t4x4", "count": 1},
+            {"name": "cpu", "count": 1},
+        ),
+        _fleet(
+            "hopper",
+            {"name": "dgx-h100", "machine": "dgx-h100", "count": 2},
+            {"name": "dgx-h200", "machine": "dgx-h200", "count": 2},
+            {
+                "name": "hgx-b200",
+                "machine": "hgx-b200",
+                "count": 1,
+                "osVersion": "24.04",
+                "kernel": "6.8.0-60-generic",
+            },
+            {"name": "cpu", "count": 1},
+        ),
+        _fleet(
+            "inference",
+            {"name": "l4", "machine": "l4x8", "count": 2},
+            {"name": "l40s", "machine": "l40sx4", "count": 2},
+            {"name": "a30", "machine": "a30x4", "count": 1},
+            {"name": "t4", "machine": "t4x4", "count": 2},
+            {"name": "cpu", "count": 1},
+        ),
+        _fleet(
+            "mig",
+            {"name": "mig-single", "machine": "dgx-a100-mig-single", "count": 1},
+            {"name": "mig-mixed", "machine": "dgx-a100-mig-mixed", "count": 1},
+            {"name": "dgx-a100-80gb", "machine": "dgx-a100-80gb", "count": 1},
+            {"name": "cpu", "count": 1},
+        ),
+    )
+}
+
+
+def _error_text(err: pydantic.ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        parts.append(f"{where}: {str(e['msg']).removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def parse(data: object, source: str = "fleet") -> Fleet:
+    """Validate a parsed fleet document; FleetError names the field."""
+    if not isinstance(data, dict):
+        raise FleetError(f"{source}: expected a mapping with `pools:`, got {type(data).__name__}")
+    data = {"name": Path(source).stem, **data}
+    try:
+        return Fleet.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise FleetError(f"{source}: {_error_text(err)}") from None
+
+
+def load(path: str | Path) -> Fleet:
+    """Read a fleet YAML file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise FleetError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise FleetError(f"{path}: not a text file (invalid UTF-8)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise FleetError(f"{path}: not valid YAML: {err}") from None
+    return parse(data, str(path))
+
+
+def resolve(name_or_file: str | None) -> Fleet:
+    """A named fleet, or a fleet file when the argument is a path (or ends in .yaml/.yml)."""
+    if name_or_file is None:
+        return NAMED["default"]
+    if name_or_file in NAMED:
+        return NAMED[name_or_file]
+    if Path(name_or_file).exists() or name_or_file.endswith((".yaml", ".yml", ".json")):
+        return load(name_or_file)
+    raise FleetError(
+        f"unknown fleet {name_or_file!r}: not a file, and not one of {', '.join(NAMED)}"
+    )
+
+
+def scale(fleet: Fleet, nodes: int) -> Fleet:
+    """The fleet with pool counts scaled proportionally so that it has about `nodes` nodes."""
+    if nodes < 1:
+        raise FleetError("--nodes: expected at least 1")
+    total = fleet.node_count or 1
+    exact = [p.count * nodes / total for p in fleet.pools]
+    counts = [math.floor(x) for x in exact]
+    # Largest remainders first, so the sum hits the target and small pools are not starved.
+    for index in sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True):
+        if sum(counts) >= nodes:
+            break
+        counts[index] += 1
+    pools = [p.model_copy(update={"count": c}) for p, c in zip(fleet.pools, counts, strict=True)]
+    return fleet.model_copy(update={"pools": pools})
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node to create: name, its pool, labels, nodeInfo and (for GPU nodes) the machine."""
+
+    name: str
+    pool: Pool
+    labels: dict[str, str]
+    node_info: dict[str, str]
+    machine: str | None
+    seed: int
+
+
+def node_labels(pool: Pool) -> dict[str, str]:
+    """What NFD would label such a node with (PCI vendor, OS release, kernel) plus extras."""
+    labels = {
+        keys.NFD_OS_ID: pool.os,
+        keys.NFD_OS_VERSION_ID: pool.os_version,
+        keys.NFD_OS_VERSION_MAJOR: pool.os_version.split(".")[0],
+        keys.NFD_KERNEL_FULL: pool.kernel,
+        "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel",
+    }
+    if pool.machine is not None:
+        spec = machines.preset(pool.machine)
+        # Display-class GPUs would be pci-0300_10de; the presets are all 3D controllers.
+        labels[keys.NFD_GPU_LABELS[0]] = "true"
+        labels["feature.node.kubernetes.io/pci-0302_10de.present"] = "true"
+        if spec.has_nvswitch():
+            labels["feature.node.kubernetes.io/pci-0680_10de.present"] = "true"
+    if pool.workload is not None:
+        labels[keys.GPU_WORKLOAD_CONFIG] = pool.workload
+    labels.update(pool.labels)
+    return labels
+
+
+def plan_nodes(fleet: Fleet) -> list[NodePlan]:
+    """Every node of the fleet, named `<pool>-<n>`."""
+    plans = []
+    seed = 1
+    for pool in fleet.pools:
+        labels = node_labels(pool)
+        info = {
+            "containerRuntimeVersion": RUNTIME_VERSIONS[pool.runtime],
+            "kernelVersion": pool.kernel,
+            "osImage": OS_IMAGES.get((pool.os, pool.os_version), f"{pool.os} {pool.os_version}"),
+        }
+        for index in range(pool.count):
+            plans.append(
+                NodePlan(f"{pool.name}-{index + 1}", pool, dict(labels), dict(info),
+                         pool.machine, seed)
+            )  # fmt: skip
+            seed += 1
+    return plans
+
+
+def describe(fleet: Fleet) -> Sequence[str]:
+    """One line per pool, for the banner."""
+    lines = []
+    for pool in fleet.pools:
+        what = pool.machine or "CPU only"
+        lines.append(
+            f"{pool.count} x {what} ({pool.name}; {pool.os} {pool.os_version}, {pool.runtime})"
+        )
+    return lines

@@ -1,0 +1,253 @@
+"""One demo run: start kubesim with the fleet, install CRDs and a ClusterPolicy, run the operator
+in-process with the node programs, show convergence, summarize, and optionally keep serving."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+import kubesim
+from gpu_operator import render
+from gpu_operator.api import crds
+from gpu_operator.controller.operator import Operator, Settings
+from gpu_operator.demo import fleet as fleet_mod
+from gpu_operator.demo import programs, view
+from gpu_operator.kube import client as kube_client
+from gpu_operator.kube import node_features
+from gpu_operator.nvml import mock
+from kubesim import KubeletConfig
+
+NAMESPACE = "gpu-operator"
+POLICY_NAME = "cluster-policy"
+DEFAULT_KUBECONFIG = Path("~/.kube/gpu-operator-demo.yaml")
+# Every section the Helm chart turns on by default; images come from the operator env.
+DEFAULT_POLICY: dict[str, Any] = {
+    "apiVersion": "nvidia.com/v1",
+    "kind": "ClusterPolicy",
+    "metadata": {"name": POLICY_NAME},
+    "spec": {
+        "operator": {"runtimeClass": "nvidia"},
+        "daemonsets": {
+            "priorityClassName": "system-node-critical",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "updateStrategy": "RollingUpdate",
+        },
+        "mig": {"strategy": "single"},
+        "cdi": {"enabled": True},
+        "driver": {"enabled": True},
+        "toolkit": {"enabled": True},
+        "validator": {},
+        "devicePlugin": {"enabled": True},
+        "dcgm": {"enabled": False},
+        "dcgmExporter": {"enabled": True},
+        "gfd": {"enabled": True},
+        "migManager": {"enabled": True},
+        "nodeStatusExporter": {"enabled": False},
+    },
+}
+NODE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+
+
+@dataclass
+class Options:
+    """How to run the demo."""
+
+    fleet: fleet_mod.Fleet
+    policy: dict[str, Any] = field(default_factory=lambda: DEFAULT_POLICY)
+    serve: bool = False
+    kubeconfig_out: Path | None = None
+    timing: programs.Timing = field(default_factory=programs.Timing)
+    timeout: float = 120.0
+    live: bool | None = None  # None: live table only on a terminal
+    refresh_per_second: float = 4.0
+    progress_interval: float = 1.0
+
+
+@dataclass
+class Result:
+    """What a finished run saw (for tests and the exit status)."""
+
+    converged: bool
+    summary: view.Summary | None
+    kubeconfig: Path | None
+
+
+class Demo:
+    """A running demo cluster (used by `run`, and by tests that want to poke at it)."""
+
+    def __init__(self, options: Options, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.gpu_nodes: set[str] = set()
+        self.started = time.monotonic()
+        self.policy_created: float | None = None
+
+    def elapsed(self) -> float:
+        start = self.policy_created if self.policy_created is not None else self.started
+        return time.monotonic() - start
+
+    def snapshot(self, sim: kubesim.Cluster) -> view.Snapshot:
+        return view.snapshot(sim.store, NAMESPACE, POLICY_NAME, self.elapsed(), self.gpu_nodes)
+
+    def populate(self, sim: kubesim.Cluster, nodes: programs.Programs) -> None:
+        """Namespace, CRDs and the fleet's nodes (with their mock machines)."""
+        sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for crd in crds.all_crds().values():
+            sim.store.create(crd)
+        for plan in fleet_mod.plan_nodes(self.options.fleet):
+            machine = None
+            if plan.machine is not None:
+                machine = mock.MockMachine.from_preset(plan.machine, seed=plan.seed)
+                self.gpu_nodes.add(plan.name)
+            nodes.add_node(plan.name, machine)
+            sim.add_node(
+                plan.name, labels=plan.labels, capacity=dict(NODE_CAPACITY),
+                node_info=plan.node_info,
+            )  # fmt: skip
+
+    async def watch(
+        self, sim: kubesim.Cluster, stop: asyncio.Event, until: Callable[[view.Snapshot], bool]
+    ) -> view.Snapshot:
+        """Show progress until `until(snapshot)` holds or `stop` is set; returns the last one."""
+        live = self.options.live if self.options.live is not None else self.console.is_terminal
+        title = f"gpu-operator demo: fleet {self.options.fleet.name}"
+        snap = self.snapshot(sim)
+        if live:
+            with Live(
+                view.table(snap, title),
+                console=self.console,
+                refresh_per_second=self.options.refresh_per_second,
+                auto_refresh=False,
+            ) as display:
+                while not until(snap) and not stop.is_set():
+                    await _wait(stop, 1.0 / self.options.refresh_per_second)
+                    snap = self.snapshot(sim)
+                    display.update(view.table(snap, title), refresh=True)
+            return snap
+        last = ""
+        next_line = 0.0
+        while True:
+            line = view.progress_line(snap)
+            key = line.split("]", 1)[1]
+            done = until(snap) or stop.is_set()
+            if (key != last and time.monotonic() >= next_line) or done:
+                self.console.print(line, markup=False, highlight=False)
+                last, next_line = key, time.monotonic() + self.options.progress_interval
+            if done:
+                return snap
+            await _wait(stop, 0.25)
+            snap = self.snapshot(sim)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+
+
+def _quiet_logs() -> None:
+    # The operator and kubesim log retries while things converge; the table says it better.
+    for name in ("gpu_operator", "kubesim", "aiohttp", "httpx", "lightkube"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _kubectl_help(path: Path) -> list[str]:
+    k = f"kubectl --kubeconfig {path}"
+    return [
+        "",
+        f"The cluster keeps running. Kubeconfig: {path}",
+        f"  {k} get nodes --show-labels",
+        f"  {k} get clusterpolicy",
+        f"  {k} -n {NAMESPACE} get daemonsets,pods -o wide",
+        f"  {k} edit clusterpolicy {POLICY_NAME}     # e.g. set spec.migManager.enabled: false",
+        f"  {k} label node <gpu-node> nvidia.com/gpu.deploy.operands=false --overwrite",
+        "Press Ctrl-C to stop.",
+    ]
+
+
+async def run(options: Options, console: Console) -> Result:
+    """Run the demo; returns whether every GPU node converged before the timeout."""
+    _quiet_logs()
+    demo = Demo(options, console)
+    kubeconfig = options.kubeconfig_out
+    if options.serve and kubeconfig is None:
+        kubeconfig = DEFAULT_KUBECONFIG.expanduser()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    kubelet = KubeletConfig(
+        # Readiness comes from the node programs (every container has one), never a timer.
+        ready_delay=24 * 3600.0,
+        start_delay=0.05 * options.timing.scale,
+        init_container_duration=0.05 * options.timing.scale,
+        kernel_version="6.8.0-52-generic",
+        os_image="Ubuntu 22.04.5 LTS",
+    )
+    fleet = options.fleet
+    console.print(
+        f"gpu-operator demo: fleet [bold]{fleet.name}[/] with {fleet.node_count} nodes on an"
+        " in-process simulated cluster (kubesim)",
+        highlight=False,
+    )
+    for line in fleet_mod.describe(fleet):
+        console.print(f"  {line}", markup=False, highlight=False)
+    try:
+        async with kubesim.Cluster(kubelet=kubelet, kubeconfig_path=kubeconfig) as sim:
+            nodes = programs.Programs(sim, options.timing)
+            nodes.register()
+            demo.populate(sim, nodes)
+            client = kube_client.connect(str(sim.kubeconfig_path))
+            operator = Operator(
+                client, Settings(namespace=NAMESPACE, operator_env=render.DEFAULT_OPERATOR_ENV)
+            )
+            task = asyncio.create_task(operator.run())
+            try:
+                await asyncio.wait_for(operator.ready.wait(), 30)
+                sim.store.create(dict(options.policy))
+                demo.policy_created = time.monotonic()
+                deadline = time.monotonic() + options.timeout
+
+                def finished(snap: view.Snapshot) -> bool:
+                    return snap.converged or time.monotonic() > deadline or task.done()
+
+                snap = await demo.watch(sim, stop, finished)
+                summary = None
+                if snap.converged:
+                    summary = view.summarize(sim.store, snap, node_features.OWNED_LABELS_ANNOTATION)
+                    for line in view.summary_lines(summary):
+                        console.print(line, markup=False, highlight=False)
+                elif not stop.is_set():
+                    console.print(
+                        f"error: not converged after {options.timeout:.0f}s: "
+                        + view.progress_line(snap),
+                        markup=False,
+                        highlight=False,
+                    )
+                if options.serve and not stop.is_set():
+                    for line in _kubectl_help(sim.kubeconfig_path):
+                        console.print(line, markup=False, highlight=False)
+                    await demo.watch(sim, stop, lambda _snap: task.done())
+                    console.print("stopping ...", highlight=False)
+                return Result(snap.converged, summary, kubeconfig)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await client.close()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,329 @@
+"""What the demo shows: a snapshot of nodes x operands read from the simulated store, the live
+table, the plain progress line for non-terminals, and the closing summary."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gpu_operator.api import keys
+from gpu_operator.demo import programs
+from kubesim.store import Store
+
+# Short column titles per DaemonSet (app label); unknown ones are shortened generically.
+SHORT_NAMES: dict[str, str] = {
+    "nvidia-driver-daemonset": "driver",
+    "nvidia-container-toolkit-daemonset": "toolkit",
+    "nvidia-operator-validator": "validator",
+    "nvidia-device-plugin-daemonset": "device-plugin",
+    "nvidia-device-plugin-mps-control-daemon": "mps",
+    "nvidia-dcgm": "dcgm",
+    "nvidia-dcgm-exporter": "dcgm-exporter",
+    "gpu-feature-discovery": "gfd",
+    "nvidia-mig-manager": "mig-manager",
+    "nvidia-node-status-exporter": "node-status",
+}
+
+
+def short_name(app: str) -> str:
+    if app.startswith(programs.DRIVER_APP_PREFIX):
+        return "driver"
+    return SHORT_NAMES.get(app) or app.removeprefix("nvidia-").removesuffix("-daemonset")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One node x operand: `ready`, `starting`, `init n/m`, `pending` or `-` (not here)."""
+
+    text: str
+    style: str
+
+
+NOT_HERE = Cell("·", "dim")
+
+
+@dataclass
+class NodeRow:
+    name: str
+    gpu_node: bool
+    product: str
+    gpu_count: int
+    allocatable: str
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return all(c.text in ("ready", "·") for c in self.cells.values())
+
+
+@dataclass
+class Snapshot:
+    """Everything the view needs, read in one pass over the store."""
+
+    elapsed: float
+    columns: list[str]
+    rows: list[NodeRow]
+    policy_state: str
+    policy_message: str
+    pods_ready: int
+    pods_total: int
+    daemonsets_done: bool
+
+    @property
+    def gpu_rows(self) -> list[NodeRow]:
+        return [r for r in self.rows if r.gpu_node]
+
+    @property
+    def labelled(self) -> int:
+        return sum(1 for r in self.gpu_rows if r.product)
+
+    @property
+    def converged(self) -> bool:
+        """Policy ready, every DaemonSet rolled out, every GPU node labelled and advertised."""
+        return (
+            self.policy_state == "ready"
+            and self.daemonsets_done
+            and self.pods_ready == self.pods_total
+            and all(r.product and r.allocatable != "-" for r in self.gpu_rows)
+        )
+
+
+def _selected(ds: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    selector = ((ds.get("spec") or {}).get("template") or {}).get("spec", {}).get(
+        "nodeSelector"
+    ) or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _pod_cell(pod: Mapping[str, Any]) -> Cell:
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return Cell("stopping", "magenta")
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    if conditions.get("Ready") == "True":
+        return Cell("ready", "bold green")
+    inits = status.get("initContainerStatuses") or []
+    done = sum(1 for s in inits if ((s.get("state") or {}).get("terminated") or {}).get(
+        "exitCode") == 0)  # fmt: skip
+    if inits and done < len(inits):
+        return Cell(f"init {done}/{len(inits)}", "yellow")
+    if status.get("phase") == "Running":
+        return Cell("starting", "cyan")
+    return Cell("pending", "yellow")
+
+
+def snapshot(
+    store: Store, namespace: str, policy_name: str, elapsed: float, gpu_nodes: set[str]
+) -> Snapshot:
+    """Read nodes, operand DaemonSets and pods, and the ClusterPolicy status."""
+    daemonsets = sorted(
+        (d for d in store.list("daemonsets", namespace=namespace)),
+        key=lambda d: _column_order(d["metadata"]["name"]),
+    )
+    columns: list[str] = []
+    for ds in daemonsets:
+        name = short_name(ds["metadata"]["name"])
+        if name not in columns:
+            columns.append(name)
+    pods: dict[tuple[str, str], dict[str, Any]] = {}
+    for pod in store.list("pods", namespace=namespace):
+        app = (pod["metadata"].get("labels") or {}).get("app", "")
+        node = (pod.get("spec") or {}).get("nodeName", "")
+        pods[(node, short_name(app))] = pod
+    rows = []
+    ready = total = 0
+    for node in sorted(store.list("nodes"), key=lambda n: n["metadata"]["name"]):
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        capacity = (node.get("status") or {}).get("allocatable") or {}
+        nvidia = {k: v for k, v in capacity.items() if k.startswith("nvidia.com/")}
+        allocatable = ", ".join(
+            f"{v} {k.removeprefix('nvidia.com/')}" for k, v in sorted(nvidia.items())
+        )
+        row = NodeRow(
+            name=name,
+            gpu_node=name in gpu_nodes or labels.get(keys.GPU_PRESENT) == "true",
+            product=labels.get(keys.GPU_PRODUCT, ""),
+            gpu_count=int(labels.get("nvidia.com/gpu.count", "0") or 0),
+            allocatable=allocatable or "-",
+        )
+        for ds in daemonsets:
+            column = short_name(ds["metadata"]["name"])
+            found = pods.get((name, column))
+            if found is not None:
+                cell = _pod_cell(found)
+                total += 1
+                ready += cell.text == "ready"
+            elif _selected(ds, labels):
+                cell = Cell("pending", "yellow")
+                total += 1
+            elif column in row.cells:
+                continue  # several driver DaemonSets share a column; keep the matching one
+            else:
+                cell = NOT_HERE
+            row.cells[column] = cell
+        rows.append(row)
+    policy = store.get("clusterpolicies.nvidia.com", policy_name) or {}
+    status = policy.get("status") or {}
+    message = ""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == ("Ready" if status.get("state") == "ready" else "Error"):
+            message = str(condition.get("message") or "")
+    done = all(
+        (d.get("status") or {}).get("observedGeneration", 0)
+        >= (d["metadata"].get("generation") or 0)
+        and (d.get("status") or {}).get("numberReady", 0)
+        == (d.get("status") or {}).get("desiredNumberScheduled", -1)
+        for d in daemonsets
+    )
+    return Snapshot(
+        elapsed=elapsed,
+        columns=columns,
+        rows=rows,
+        policy_state=str(status.get("state") or "pending"),
+        policy_message=message,
+        pods_ready=ready,
+        pods_total=total,
+        daemonsets_done=done,
+    )
+
+
+def _column_order(ds_name: str) -> tuple[int, str]:
+    order = list(SHORT_NAMES)
+    name = programs.DRIVER_APP_PREFIX if ds_name.startswith(programs.DRIVER_APP_PREFIX) else ds_name
+    return (order.index(name) if name in order else len(order), ds_name)
+
+
+def _is_simulated(column: str) -> bool:
+    real = {short_name(app) for app in programs.REAL_AGENTS}
+    return column not in real
+
+
+def _gpus(row: NodeRow) -> str:
+    if not row.gpu_node:
+        return "-"
+    if not row.product:
+        return "?"
+    return f"{row.gpu_count} x {row.product.removeprefix('NVIDIA-')}"
+
+
+def table(snap: Snapshot, title: str) -> RenderableType:
+    """The live table: one row per node, one column per operand DaemonSet."""
+    grid = Table(title=title, title_justify="left", expand=False, pad_edge=False)
+    grid.add_column("node", no_wrap=True)
+    grid.add_column("GPUs (GFD labels)", no_wrap=True)
+    grid.add_column("allocatable", no_wrap=True)
+    for column in snap.columns:
+        grid.add_column(column + ("*" if _is_simulated(column) else ""), no_wrap=True)
+    for row in snap.rows:
+        cells = [Text(row.cells.get(c, NOT_HERE).text, row.cells.get(c, NOT_HERE).style)
+                 for c in snap.columns]  # fmt: skip
+        grid.add_row(
+            Text(row.name, "bold" if row.ready and row.gpu_node else ""),
+            _gpus(row),
+            row.allocatable,
+            *cells,
+        )
+    state_style = "bold green" if snap.policy_state == "ready" else "yellow"
+    footer = Text.assemble(
+        ("ClusterPolicy: ", "bold"),
+        (snap.policy_state, state_style),
+        f"   operand pods ready {snap.pods_ready}/{snap.pods_total}",
+        f"   GPU nodes labelled by GFD {snap.labelled}/{len(snap.gpu_rows)}",
+        f"   {snap.elapsed:5.1f}s",
+    )
+    parts: list[RenderableType] = [grid, footer]
+    if snap.policy_state != "ready" and snap.policy_message:
+        parts.append(Text(_clip(snap.policy_message, 160), "dim"))
+    parts.append(Text(SIMULATED_NOTE, "dim italic"))
+    return Group(*parts)
+
+
+SIMULATED_NOTE = (
+    "* simulated operand (its agent is not implemented yet): becomes ready after a realistic delay;"
+    " gfd runs the real GPU feature discovery agent on each node's mock GPUs"
+)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def progress_line(snap: Snapshot) -> str:
+    """One plain line for logs and pipes."""
+    waiting = ""
+    if snap.policy_state != "ready" and snap.policy_message:
+        waiting = " | " + _clip(snap.policy_message, 140)
+    return (
+        f"[{snap.elapsed:5.1f}s] ClusterPolicy {snap.policy_state}; operand pods ready "
+        f"{snap.pods_ready}/{snap.pods_total}; GPU nodes labelled {snap.labelled}/"
+        f"{len(snap.gpu_rows)}{waiting}"
+    )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The closing numbers."""
+
+    nodes: int
+    gpu_nodes: int
+    gpus_by_model: dict[str, int]
+    allocatable: dict[str, int]
+    labels_set: int
+    gfd_labels: int
+    time_to_ready: float
+    simulated: list[str]
+    real: list[str]
+
+
+def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
+    """Count nodes, GPUs by model, labels the operator and GFD set, and resources advertised."""
+    gpus: Counter[str] = Counter()
+    allocatable: Counter[str] = Counter()
+    labels_set = gfd_labels = 0
+    nodes = store.list("nodes")
+    for node in nodes:
+        labels = node["metadata"].get("labels") or {}
+        annotations = node["metadata"].get("annotations") or {}
+        if labels.get(keys.GPU_PRODUCT):
+            gpus[labels[keys.GPU_PRODUCT]] += int(labels.get("nvidia.com/gpu.count", "0") or 0)
+        labels_set += sum(1 for k in labels if k.startswith(keys.PREFIX))
+        gfd_labels += len([k for k in annotations.get(gfd_annotation, "").split(",") if k])
+        for key, value in ((node.get("status") or {}).get("allocatable") or {}).items():
+            if key.startswith(keys.PREFIX):
+                allocatable[key] += int(value)
+    return Summary(
+        nodes=len(nodes),
+        gpu_nodes=len(snap.gpu_rows),
+        gpus_by_model=dict(sorted(gpus.items())),
+        allocatable=dict(sorted(allocatable.items())),
+        labels_set=labels_set,
+        gfd_labels=gfd_labels,
+        time_to_ready=snap.elapsed,
+        simulated=[c for c in snap.columns if _is_simulated(c)],
+        real=[c for c in snap.columns if not _is_simulated(c)],
+    )
+
+
+def summary_lines(summary: Summary) -> Sequence[str]:
+    """The summary as plain lines (printed the same on terminals and pipes)."""
+    models = ", ".join(f"{n} x {m}" for m, n in summary.gpus_by_model.items()) or "none"
+    resources = ", ".join(f"{k}={v}" for k, v in summary.allocatable.items()) or "none"
+    return [
+        "Summary",
+        f"  nodes:            {summary.nodes} ({summary.gpu_nodes} with GPUs,"
+        f" {summary.nodes - summary.gpu_nodes} CPU only)",
+        f"  GPUs by model:    {models} ({sum(summary.gpus_by_model.values())} in all)",
+        f"  allocatable:      {resources}",
+        f"  labels set:       {summary.labels_set} nvidia.com/ node labels"
+        f" ({summary.gfd_labels} of them by GPU feature discovery)",
+        f"  time to ready:    {summary.time_to_ready:.1f}s from ClusterPolicy creation",
+        f"  real agents:      {', '.join(summary.real) or 'none'}",
+        f"  simulated:        {', '.join(summary.simulated) or 'none'}",
+    ]

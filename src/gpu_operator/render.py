@@ -1,0 +1,273 @@
+"""`gpu-operator render`: cluster facts from a small YAML file, and every object the controller
+would create for a ClusterPolicy, from the same planners the controller runs (pure, no client)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+
+from gpu_operator import api
+from gpu_operator.api import keys
+from gpu_operator.controller import facts as facts_mod
+from gpu_operator.nodes import labelling
+from gpu_operator.nvml import catalog
+from gpu_operator.operands import registry
+from gpu_operator.operands.facts import ClusterFacts
+
+# The images the Helm chart pins by default, offered as the operator's `*_IMAGE` fallbacks so that
+# minimal policies (which leave images to the operator's environment) render as they would run.
+DEFAULT_OPERATOR_ENV: dict[str, str] = {
+    "DRIVER_IMAGE": "nvcr.io/nvidia/driver:580.95.05",
+    "DRIVER_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.9.0",
+    "CONTAINER_TOOLKIT_IMAGE": "nvcr.io/nvidia/k8s/container-toolkit:v1.18.0",
+    "DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/k8s-device-plugin:v0.18.0",
+    "GFD_IMAGE": "nvcr.io/nvidia/k8s-device-plugin:v0.18.0",
+    "VALIDATOR_IMAGE": "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.10.1",
+    "DCGM_IMAGE": "nvcr.io/nvidia/cloud-native/dcgm:4.4.1-2-ubuntu22.04",
+    "DCGM_EXPORTER_IMAGE": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04",
+    "MIG_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.13.0",
+    "CUDA_BASE_IMAGE": "nvcr.io/nvidia/cuda:13.0.1-base-ubi9",
+    "GDS_IMAGE": "nvcr.io/nvidia/cloud-native/nvidia-fs:2.26.6",
+    "GDRCOPY_IMAGE": "nvcr.io/nvidia/cloud-native/gdrdrv:v2.5.1",
+    "VFIO_MANAGER_IMAGE": "nvcr.io/nvidia/cuda:13.0.1-base-ubi9",
+    "SANDBOX_DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.4.0",
+    "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.4.0",
+    "VGPU_DEVICE_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.4.0",
+    "KATA_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-kata-manager:v0.2.3",
+    "CC_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.1.1",
+}
+RUNTIME_VERSIONS = {
+    "containerd": "containerd://2.0.5",
+    "crio": "cri-o://1.32.1",
+    "docker": "docker://27.3.1",
+}
+
+
+class FactsError(ValueError):
+    """A facts file that cannot be used; the message names the file and the field."""
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Pool(_Strict):
+    """Nodes that look alike: how many, their OS, kernel, runtime, GPU model and workload."""
+
+    name: str = pydantic.Field(min_length=1)
+    nodes: int = pydantic.Field(default=1, ge=0)
+    os: str = "ubuntu"
+    os_version: str = pydantic.Field(default="22.04", alias="osVersion")
+    kernel: str = "6.8.0-52-generic"
+    runtime: Literal["containerd", "crio", "docker"] = "containerd"
+    gpu: str | None = "A100-SXM4-40GB"
+    workload: Literal["container", "vm-passthrough", "vm-vgpu"] = "container"
+
+    @pydantic.field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                catalog.model(value)
+            except KeyError:
+                known = ", ".join(m.key for m in catalog.models())
+                raise ValueError(f"unknown GPU model {value!r}; known: {known}") from None
+        return value
+
+
+class FactsFile(_Strict):
+    """The facts file: cluster-wide facts plus node pools (see docs/demo.md)."""
+
+    namespace: str | None = None
+    kubernetes_version: str = pydantic.Field(default="1.35.0", alias="kubernetesVersion")
+    service_monitor_crd: bool = pydantic.Field(default=False, alias="serviceMonitorCRD")
+    prometheus_rule_crd: bool = pydantic.Field(default=False, alias="prometheusRuleCRD")
+    nfd: bool = True
+    operator_env: dict[str, str] = pydantic.Field(default_factory=dict, alias="operatorEnv")
+    config_maps: dict[str, list[str]] = pydantic.Field(default_factory=dict, alias="configMaps")
+    pools: list[Pool] = pydantic.Field(default_factory=lambda: [Pool(name="default")])
+
+
+def _error_text(err: pydantic.ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        message = str(e["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def parse_facts(data: object, source: str = "facts") -> FactsFile:
+    """Validate a parsed facts document; FactsError names the bad field."""
+    if data is None:
+        data = {}
+    try:
+        return FactsFile.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise FactsError(f"{source}: {_error_text(err)}") from None
+
+
+def load_facts(path: str | Path) -> FactsFile:
+    """Read and validate a facts YAML file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise FactsError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise FactsError(f"{path}: not a text file (invalid UTF-8)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise FactsError(f"{path}: not valid YAML: {err}") from None
+    return parse_facts(data, str(path))
+
+
+def pool_labels(pool: Pool, *, nfd: bool = True) -> dict[str, str]:
+    """The labels NFD (and the operator, for gpu.present) put on a node of this pool."""
+    if not nfd:
+        return {}
+    labels = {
+        keys.NFD_OS_ID: pool.os,
+        keys.NFD_OS_VERSION_ID: pool.os_version,
+        keys.NFD_KERNEL_FULL: pool.kernel,
+        keys.GPU_WORKLOAD_CONFIG: pool.workload,
+    }
+    if pool.gpu is not None:
+        labels[keys.NFD_GPU_LABELS[0]] = "true"
+        labels[keys.GPU_PRESENT] = "true"
+        model = catalog.model(pool.gpu)
+        labels[keys.GPU_PRODUCT] = model.nvml_name.replace(" ", "-")
+        labels[keys.MIG_CAPABLE] = "true" if model.mig_capable else "false"
+    return labels
+
+
+def _pool_nodes(facts_file: FactsFile) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = []
+    for pool in facts_file.pools:
+        node = {
+            "metadata": {"labels": pool_labels(pool, nfd=facts_file.nfd)},
+            "status": {"nodeInfo": {"containerRuntimeVersion": RUNTIME_VERSIONS[pool.runtime]}},
+        }
+        nodes.extend(copy.deepcopy(node) for _ in range(pool.nodes))
+    return nodes
+
+
+def cluster_facts(
+    facts_file: FactsFile,
+    namespace: str | None = None,
+    config_maps: Mapping[str, Sequence[str]] | None = None,
+) -> ClusterFacts:
+    """Fold the pools into ClusterFacts exactly as the controller folds its node cache.
+
+    `config_maps` (name -> keys, e.g. ConfigMaps found next to the policy) add to the file's."""
+    known = {**{n: tuple(k) for n, k in (config_maps or {}).items()}}
+    known.update({name: tuple(k) for name, k in facts_file.config_maps.items()})
+    return facts_mod.from_nodes(
+        _pool_nodes(facts_file),
+        namespace=namespace or facts_file.namespace or "gpu-operator",
+        operator_env={**DEFAULT_OPERATOR_ENV, **facts_file.operator_env},
+        has_servicemonitor_crd=facts_file.service_monitor_crd,
+        has_prometheusrule_crd=facts_file.prometheus_rule_crd,
+        config_map_keys=known,
+        kubernetes_version=facts_file.kubernetes_version,
+    )
+
+
+@dataclass(frozen=True)
+class PoolOperands:
+    """Which operands a pool's nodes get (the `nvidia.com/gpu.deploy.*` labels)."""
+
+    pool: str
+    nodes: int
+    operands: tuple[str, ...]
+
+
+@dataclass
+class Rendered:
+    """What `render` prints: objects in apply order, notes per state, and pool placement."""
+
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    # (state name, "disabled" | "failed" | "skipped", message)
+    notes: list[tuple[str, str, str]] = field(default_factory=list)
+    sections: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    pools: list[PoolOperands] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, kind, _ in self.notes if kind == "failed"]
+
+
+def render(
+    policy: api.ClusterPolicy,
+    facts_file: FactsFile,
+    namespace: str | None = None,
+    config_maps: Mapping[str, Sequence[str]] | None = None,
+) -> Rendered:
+    """Every object the controller would apply for `policy` on a cluster with these facts."""
+    facts = cluster_facts(facts_file, namespace, config_maps)
+    out = Rendered()
+    for state in registry.render_all(policy, facts):
+        if state.error is not None:
+            out.notes.append((state.name, "failed", state.error))
+            continue
+        if not state.enabled:
+            out.notes.append((state.name, "disabled", ""))
+            continue
+        kept = []
+        for obj in state.objects:
+            # The controller's rule: without GPU nodes no DaemonSet is applied.
+            if obj.get("kind") == "DaemonSet" and facts.gpu_node_count == 0:
+                name = obj["metadata"]["name"]
+                out.notes.append((state.name, "skipped", f"DaemonSet {name}: no GPU nodes"))
+                continue
+            kept.append(obj)
+        out.sections.append((state.name, kept))
+        out.objects.extend(kept)
+    label_policy = labelling.LabelPolicy.from_policy(policy)
+    for pool in facts_file.pools:
+        labels = pool_labels(pool, nfd=facts_file.nfd)
+        operands = (
+            labelling.deploy_operands(labels, label_policy) if labelling.has_gpu(labels) else ()
+        )
+        out.pools.append(PoolOperands(pool.name, pool.nodes, tuple(operands)))
+    return out
+
+
+def to_yaml(rendered: Rendered, header: Sequence[str] = ()) -> str:
+    """Multi-document YAML with a comment per state (disabled and failed ones included)."""
+    lines = [f"# {line}" for line in header]
+    for pool in rendered.pools:
+        where = ", ".join(pool.operands) or "nothing (no GPU)"
+        lines.append(f"# pool {pool.pool} ({pool.nodes} node(s)): {where}")
+    for name, kind, message in rendered.notes:
+        lines.append(f"# {name}: {kind}" + (f": {message}" if message else ""))
+    chunks = ["\n".join(lines) + "\n"] if lines else []
+    for name, objects in rendered.sections:
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            chunks.append(
+                f"---\n# {name}: {obj.get('kind')} {meta.get('name')}\n"
+                + yaml.safe_dump(obj, sort_keys=False, width=100)
+            )
+    return "".join(chunks)
+
+
+def to_list(rendered: Rendered) -> dict[str, Any]:
+    """A `v1 List` holding every object (the JSON output)."""
+    return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": rendered.objects}
+
+
+def config_map_keys(documents: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Keys of the ConfigMaps among the input documents (the driver mounts them file by file)."""
+    found: dict[str, list[str]] = {}
+    for doc in documents:
+        if doc.get("kind") == "ConfigMap" and isinstance(doc.get("metadata"), dict):
+            keys_ = [*(doc.get("data") or {}), *(doc.get("binaryData") or {})]
+            found[str(doc["metadata"].get("name"))] = sorted(keys_)
+    return found
