@@ -186,5 +186,139 @@ def controller(
         raise typer.Exit(1) from None
 
 
+class RenderFormat(StrEnum):
+    yaml = "yaml"
+    json = "json"
+
+
+@app.command("render")
+def render_command(
+    filename: str = typer.Option(
+        ..., "-f", "--filename", help="File with a ClusterPolicy (YAML or JSON); - is stdin."
+    ),
+    facts: Path | None = typer.Option(
+        None, "--facts", help="Cluster facts YAML (node pools, OS, runtime...; see docs/demo.md)."
+    ),
+    namespace: str | None = typer.Option(None, "--namespace", help="Operator namespace."),
+    output: RenderFormat = typer.Option(RenderFormat.yaml, "-o", "--output", help="yaml or json."),
+) -> None:
+    """Print every object the controller would create for a ClusterPolicy and cluster facts."""
+    import json
+
+    from gpu_operator import api
+    from gpu_operator import render as render_mod
+
+    try:
+        documents = manifests.read(filename)
+        facts_file = (
+            render_mod.load_facts(facts) if facts is not None else render_mod.parse_facts({})
+        )
+    except (manifests.ManifestError, render_mod.FactsError) as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    label = "<stdin>" if filename == "-" else filename
+    policies = [d for d in documents if d.get("kind") == "ClusterPolicy"]
+    if not policies:
+        err.print(f"error: {label}: no ClusterPolicy found in the input", markup=False)
+        raise typer.Exit(2)
+    for doc in documents:
+        if doc.get("kind") not in ("ClusterPolicy", "ConfigMap"):
+            err.print(f"{label}: {doc.get('kind')}: skipped (render covers ClusterPolicy)")
+    if len(policies) > 1:
+        err.print(f"{label}: several ClusterPolicies; rendering the first (the controller "
+                  "reconciles only the oldest)", markup=False)  # fmt: skip
+    result = validation.check_document(policies[0])
+    for warning in result.warnings:
+        err.print(f"{label}: {result.ref}: warning: {warning}", markup=False)
+    if not result.ok or not isinstance(result.obj, api.ClusterPolicy):
+        for problem in result.errors:
+            err.print(f"{label}: {result.ref}: {problem}", markup=False)
+        raise typer.Exit(1)
+    rendered = render_mod.render(
+        result.obj, facts_file, namespace, render_mod.config_map_keys(documents)
+    )
+    for state, kind, message in rendered.notes:
+        if kind != "disabled":
+            err.print(f"{state}: {kind}: {message}", markup=False)
+    if output is RenderFormat.json:
+        typer.echo(json.dumps(render_mod.to_list(rendered), indent=2))
+    else:
+        header = [f"gpu-operator render -f {label}: {len(rendered.objects)} objects"]
+        typer.echo(render_mod.to_yaml(rendered, header), nl=False)
+    raise typer.Exit(1 if rendered.failed else 0)
+
+
+@app.command("demo")
+def demo_command(
+    fleet: str | None = typer.Option(
+        None,
+        "--fleet",
+        help="A named fleet (default, small, hopper, inference, mig) or a fleet YAML file.",
+    ),
+    nodes: int | None = typer.Option(
+        None, "--nodes", min=1, help="Scale the fleet's pools to about this many nodes."
+    ),
+    serve: bool = typer.Option(
+        False, "--serve", help="Keep the cluster running for kubectl until Ctrl-C."
+    ),
+    kubeconfig_out: Path | None = typer.Option(
+        None,
+        "--kubeconfig-out",
+        help="Where to write the kubeconfig (with --serve: ~/.kube/gpu-operator-demo.yaml).",
+    ),
+    policy: str | None = typer.Option(
+        None, "--policy", help="ClusterPolicy file to install instead of the built-in default."
+    ),
+    time_scale: float = typer.Option(
+        1.0, "--time-scale", min=0.0, help="Multiply simulated operand delays (0: instant)."
+    ),
+    timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Give up after seconds."),
+    live: bool | None = typer.Option(
+        None, "--live/--no-live", help="Live table (default: only on a terminal)."
+    ),
+) -> None:
+    """Run the operator on an in-process simulated cluster with mock GPUs and show it converge."""
+    # Imported here: the demo loads the simulated cluster, which no other command needs.
+    from gpu_operator.demo import fleet as fleet_mod
+    from gpu_operator.demo import programs, session
+
+    try:
+        chosen = fleet_mod.resolve(fleet)
+        if nodes is not None:
+            chosen = fleet_mod.scale(chosen, nodes)
+    except fleet_mod.FleetError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    body = session.DEFAULT_POLICY
+    if policy is not None:
+        try:
+            documents = manifests.read(policy)
+        except manifests.ManifestError as exc:
+            err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(2) from None
+        found = [d for d in documents if d.get("kind") == "ClusterPolicy"]
+        if not found:
+            err.print(f"error: {policy}: no ClusterPolicy found", markup=False)
+            raise typer.Exit(2)
+        result = validation.check_document(found[0])
+        if not result.ok:
+            for problem in result.errors:
+                err.print(f"{policy}: {result.ref}: {problem}", markup=False)
+            raise typer.Exit(1)
+        body = found[0]
+    console = Console(highlight=False, soft_wrap=True)
+    options = session.Options(
+        fleet=chosen,
+        policy=body,
+        serve=serve,
+        kubeconfig_out=kubeconfig_out,
+        timing=programs.Timing(scale=time_scale),
+        timeout=timeout,
+        live=live,
+    )
+    outcome = asyncio.run(session.run(options, console))
+    raise typer.Exit(0 if outcome.converged else 1)
+
+
 def main() -> None:
     app()
