@@ -82,6 +82,9 @@ class Result:
     converged: bool
     summary: view.Summary | None
     kubeconfig: Path | None
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    node_allocatable: dict[str, dict[str, str]] = field(default_factory=dict)
+    policy_status: dict[str, Any] = field(default_factory=dict)
 
 
 class Demo:
@@ -176,6 +179,18 @@ def _kubectl_help(path: Path) -> list[str]:
     ]
 
 
+def observe(sim: kubesim.Cluster, converged: bool, kubeconfig: Path | None) -> Result:
+    """What the cluster looks like now: node labels, allocatable resources, policy status."""
+    result = Result(converged, None, kubeconfig)
+    for node in sim.store.list("nodes"):
+        name = node["metadata"]["name"]
+        result.node_labels[name] = dict(node["metadata"].get("labels") or {})
+        result.node_allocatable[name] = dict((node.get("status") or {}).get("allocatable") or {})
+    policy = sim.store.get("clusterpolicies.nvidia.com", POLICY_NAME) or {}
+    result.policy_status = dict(policy.get("status") or {})
+    return result
+
+
 async def run(options: Options, console: Console) -> Result:
     """Run the demo; returns whether every GPU node converged before the timeout."""
     _quiet_logs()
@@ -226,6 +241,7 @@ async def run(options: Options, console: Console) -> Result:
                     return snap.converged or time.monotonic() > deadline or task.done()
 
                 snap = await demo.watch(sim, stop, finished)
+                result = observe(sim, snap.converged, kubeconfig)
                 summary = None
                 if snap.converged:
                     summary = view.summarize(sim.store, snap, node_features.OWNED_LABELS_ANNOTATION)
@@ -243,7 +259,8 @@ async def run(options: Options, console: Console) -> Result:
                         console.print(line, markup=False, highlight=False)
                     await demo.watch(sim, stop, lambda _snap: task.done())
                     console.print("stopping ...", highlight=False)
-                return Result(snap.converged, summary, kubeconfig)
+                result.summary = summary
+                return result
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
