@@ -39,7 +39,8 @@ def from_nodes(
     kernels: set[str] = set()
     for node in nodes:
         labels = (node.get("metadata") or {}).get("labels") or {}
-        nfd = nfd or labelling.has_nfd(labels)
+        # Stripped nodes carry the NFD verdict; full node objects are checked directly.
+        nfd = nfd or bool(node.get("nfd")) or labelling.has_nfd(labels)
         if labels.get(keys.GPU_PRESENT) != "true":
             continue
         gpu_nodes += 1

@@ -187,7 +187,7 @@ class Operator:
         labels = (node.get("metadata") or {}).get("labels") or {}
         return (
             labels.get(keys.GPU_PRESENT),
-            labelling.has_nfd(labels),
+            node.get("nfd"),
             labels.get(keys.NFD_OS_ID),
             labels.get(keys.NFD_OS_VERSION_ID),
             labels.get(keys.NFD_KERNEL_FULL),
@@ -399,8 +399,8 @@ class Operator:
             generation=generation,
             previous=active.get("status"),
         )
-        await self._patch_status(active, status)
         await self._report_transitions(active, reports)
+        await self._patch_status(active, status)
         ready = status["state"] == "ready"
         self.metrics.status.set(STATUS_READY if ready else STATUS_NOT_READY)
         self.metrics.gpu_nodes.set(facts.gpu_node_count)

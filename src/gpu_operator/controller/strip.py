@@ -1,10 +1,28 @@
-"""Cache transforms: keep only the fields the planners read (memory stays flat at scale)."""
+"""Cache transforms: keep only the fields the planners read (memory stays flat at scale).
+
+Label keys and common values are interned: thousands of nodes and pods repeat the same strings,
+and one shared copy of each is most of what keeps the operator small at 5,000 nodes.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from gpu_operator.api import crds, keys
+from gpu_operator.nodes import labelling, ledger
+
+# Node labels the planners read besides the `nvidia.com/` ones.
+_NODE_LABELS = frozenset({*keys.NFD_GPU_LABELS, keys.NFD_OS_ID, keys.NFD_OS_VERSION_ID,
+                          keys.NFD_OS_VERSION_MAJOR, keys.NFD_OSTREE_VERSION, keys.NFD_KERNEL_FULL,
+                          keys.NFD_MELLANOX})  # fmt: skip
+_NODE_ANNOTATIONS = frozenset({ledger.ANNOTATION, keys.UPGRADE_ENABLED})
+_REVISION_HASH = "controller-revision-hash"
+
+
+def _interned(mapping: dict[str, str]) -> dict[str, str]:
+    return {sys.intern(k): sys.intern(v) if len(v) < 64 else v for k, v in mapping.items()}
+
 
 _META_KEYS = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
               "deletionTimestamp", "labels", "ownerReferences")  # fmt: skip
@@ -24,44 +42,76 @@ def _meta(obj: dict[str, Any], *, annotations: bool | tuple[str, ...] = False) -
 
 
 def node(obj: dict[str, Any]) -> dict[str, Any]:
-    """Labels, annotations, schedulability, taints, readiness and runtime facts."""
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    info = status.get("nodeInfo") or {}
+    """The labels and annotations the planners read, NFD presence, and runtime facts.
+
+    Other labels are dropped: a node with a hundred NFD labels would otherwise cost kilobytes.
+    """
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    info = (obj.get("status") or {}).get("nodeInfo") or {}
     return {
-        "metadata": _meta(obj, annotations=True),
-        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
-        "status": {
-            "conditions": [{"type": "Ready", "status": c.get("status")} for c in ready],
-            "nodeInfo": {
-                k: info[k]
-                for k in ("containerRuntimeVersion", "kernelVersion", "osImage")
-                if k in info
-            },
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "labels": _interned(
+                {k: v for k, v in labels.items() if k.startswith(keys.PREFIX) or k in _NODE_LABELS}
+            ),
+            "annotations": {k: v for k, v in annotations.items() if k in _NODE_ANNOTATIONS},
         },
+        "nfd": labelling.has_nfd(labels),
+        "status": {"nodeInfo": _interned({
+            k: info[k] for k in ("containerRuntimeVersion", "kernelVersion") if k in info
+        })},
+    }  # fmt: skip
+
+
+def _container_status(status: dict[str, Any]) -> dict[str, Any]:
+    state = status.get("state") or {}
+    out: dict[str, Any] = {
+        "name": sys.intern(str(status.get("name"))),
+        "ready": status.get("ready", False),
+        "restartCount": status.get("restartCount", 0),
     }
+    if "waiting" in state:
+        waiting = state["waiting"] or {}
+        out["state"] = {"waiting": {k: waiting[k] for k in ("reason", "message") if k in waiting}}
+    elif "terminated" in state:
+        done = state["terminated"] or {}
+        out["state"] = {"terminated": {k: done[k] for k in ("exitCode", "reason") if k in done}}
+    return out
 
 
 def pod(obj: dict[str, Any]) -> dict[str, Any]:
-    """Owner, node, phase, readiness and container states (what readiness reasons need)."""
-    spec = obj.get("spec") or {}
+    """Owner, node, phase, scheduling problems and container states (what readiness reads)."""
+    meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    out_meta: dict[str, Any] = {
+        "name": meta.get("name"),
+        "namespace": sys.intern(str(meta.get("namespace"))),
+        "labels": _interned({k: labels[k] for k in (_REVISION_HASH,) if k in labels}),
+        "ownerReferences": [
+            {"uid": sys.intern(str(ref.get("uid")))} for ref in meta.get("ownerReferences") or []
+        ],
+    }
+    if meta.get("deletionTimestamp"):
+        out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    out_status: dict[str, Any] = {"phase": sys.intern(str(status.get("phase")))}
+    unscheduled = [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        for c in status.get("conditions") or []
+        if c.get("type") == "PodScheduled" and c.get("status") == "False"
+    ]
+    if unscheduled:
+        out_status["conditions"] = unscheduled
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if status.get(key):
+            out_status[key] = [_container_status(c) for c in status[key]]
     return {
-        "metadata": _meta(obj),
-        "spec": {"nodeName": spec.get("nodeName")},
-        "status": {
-            k: status[k]
-            for k in (
-                "phase",
-                "conditions",
-                "containerStatuses",
-                "initContainerStatuses",
-                "reason",
-                "message",
-            )
-            if k in status
-        },
+        "metadata": out_meta,
+        "spec": {"nodeName": sys.intern(str((obj.get("spec") or {}).get("nodeName")))},
+        "status": out_status,
     }
 
 

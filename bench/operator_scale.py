@@ -1,0 +1,190 @@
+"""Operator scale figures on kubesim: convergence time, API requests, steady state, RSS, latency.
+
+The operator runs as a separate process (`gpu-operator controller`), exactly as in a cluster, so
+its peak RSS is its own; kubesim runs in this process with an instant kubelet so that kubelet
+delays do not hide the operator's cost. Run:
+
+    .venv/bin/python bench/operator_scale.py --nodes 1000 5000 --steady 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import kubesim
+from gpu_operator.api import crds, keys
+from gpu_operator.api.images import IMAGE_ENV
+from kubesim.controllers.kubelet import KubeletConfig
+
+NAMESPACE = "gpu-operator"
+ROOT = Path(__file__).resolve().parent.parent
+GPU_LABELS = {
+    "feature.node.kubernetes.io/pci-10de.present": "true",
+    keys.NFD_OS_ID: "ubuntu",
+    keys.NFD_OS_VERSION_ID: "22.04",
+    keys.NFD_KERNEL_FULL: "6.8.0-52-generic",
+    keys.GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
+    keys.MIG_CAPABLE: "true",
+}
+POLICY: dict[str, Any] = {
+    "apiVersion": "nvidia.com/v1",
+    "kind": "ClusterPolicy",
+    "metadata": {"name": "cluster-policy"},
+    "spec": {
+        "operator": {},
+        "daemonsets": {},
+        "driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "580.95.05"},
+        "toolkit": {},
+        "devicePlugin": {},
+        "dcgmExporter": {},
+        "dcgm": {"enabled": False},
+        "nodeStatusExporter": {},
+        "gfd": {},
+    },
+}
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM (the peak resident set) of a process, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def state(sim: kubesim.Cluster) -> str:
+    policy = sim.store.get("clusterpolicies.nvidia.com", "cluster-policy") or {}
+    return str((policy.get("status") or {}).get("state"))
+
+
+def grouped(counts: dict[tuple[str, str], int]) -> str:
+    by_key = Counter({f"{verb} {resource}": n for (verb, resource), n in counts.items()})
+    return ", ".join(f"{key}={n}" for key, n in sorted(by_key.items())) or "none"
+
+
+async def run_size(nodes: int, steady: float, log: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {"nodes": nodes}
+    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True, lease_interval=None)) as sim:
+        sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for crd in crds.all_crds().values():
+            sim.store.create(crd)
+        for i in range(nodes):
+            sim.add_node(f"gpu-{i:05d}", labels=dict(GPU_LABELS))
+        env = {**os.environ, **{name: f"registry.local/{name.lower()}:v1"
+                                for name in set(IMAGE_ENV.values())}}  # fmt: skip
+        operator = subprocess.Popen(
+            [
+                sys.executable, "-m", "gpu_operator", "controller",
+                "--kubeconfig", str(sim.kubeconfig_path), "--namespace", NAMESPACE,
+                "--metrics-bind-address", "127.0.0.1:0",
+                "--health-probe-bind-address", "127.0.0.1:0", "--log-level", "warning",
+            ],
+            env=env,
+        )  # fmt: skip
+        try:
+            # Let the operator list and open its watches before the clock starts.
+            await sim.wait_for(lambda: sim.stats.count("watch", "nodes") > 0, 60, "operator up")
+            await asyncio.sleep(1.0)
+            before = sim.stats.snapshot()
+            started = time.monotonic()
+            sim.store.create(POLICY)
+            await sim.wait_for(lambda: state(sim) == "ready", 1800, "ClusterPolicy ready")
+            result["converge_s"] = time.monotonic() - started
+            converge = sim.stats.since(before)
+            result["converge_requests"] = converge
+            log(f"  converged in {result['converge_s']:.1f}s: {grouped(converge)}")
+
+            before = sim.stats.snapshot()
+            await asyncio.sleep(steady)
+            result["steady_requests"] = sim.stats.since(before)
+            log(f"  steady {steady:.0f}s: {grouped(result['steady_requests'])}")
+
+            started = time.monotonic()
+            sim.add_node("gpu-new", labels=dict(GPU_LABELS))
+
+            def labelled() -> bool:
+                node = sim.store.get("nodes", "gpu-new") or {}
+                return (node.get("metadata", {}).get("labels") or {}).get(keys.GPU_PRESENT) == "true"
+
+            await sim.wait_for(labelled, 60, "new node labelled")
+            result["new_node_s"] = time.monotonic() - started
+
+            ds_name = "nvidia-device-plugin-daemonset"
+            generation = (sim.store.get("daemonsets", ds_name, NAMESPACE) or {})["metadata"][
+                "generation"
+            ]
+            started = time.monotonic()
+            sim.store.patch(
+                "clusterpolicies.nvidia.com", "cluster-policy",
+                {"spec": {"devicePlugin": {"env": [{"name": "LOG_LEVEL", "value": "debug"}]}}},
+            )  # fmt: skip
+
+            def updated() -> bool:
+                ds = sim.store.get("daemonsets", ds_name, NAMESPACE) or {}
+                return bool(ds.get("metadata", {}).get("generation", 0) > generation)
+
+            await sim.wait_for(updated, 60, "DaemonSet updated")
+            result["edit_s"] = time.monotonic() - started
+            result["rss_mb"] = peak_rss_mb(operator.pid)
+        finally:
+            operator.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                operator.wait(10)
+    return result
+
+
+def summarize(result: dict[str, Any]) -> list[str]:
+    nodes = result["nodes"]
+    converge = result["converge_requests"]
+    node_patches = sum(n for (v, r), n in converge.items() if v == "patch" and r == "nodes")
+    ds_writes = sum(
+        n for (v, r), n in converge.items() if r == "daemonsets.apps" and v != "watch"
+        and v not in ("get", "list")
+    )  # fmt: skip
+    node_gets = sum(n for (v, r), n in converge.items() if v == "get" and r == "nodes")
+    steady = result["steady_requests"]
+    steady_writes = sum(n for (v, _), n in steady.items() if v not in ("get", "list", "watch"))
+    steady_lists = sum(n for (v, _), n in steady.items() if v == "list")
+    return [
+        f"| nodes | {nodes} |",
+        f"| ClusterPolicy created -> all states ready | {result['converge_s']:.1f} s |",
+        f"| node label patches per node | {node_patches / (nodes or 1):.2f} (target <= 1) |",
+        f"| DaemonSet writes | {ds_writes} |",
+        f"| per-node GETs | {node_gets} (target 0) |",
+        f"| steady state: writes / lists | {steady_writes} / {steady_lists} (target 0 / 0) |",
+        f"| operator peak RSS | {result['rss_mb']:.0f} MB (target <= 150 at 5,000) |",
+        f"| new GPU node -> labelled | {result['new_node_s'] * 1000:.0f} ms (target <= 1 s) |",
+        f"| ClusterPolicy edit -> DaemonSet updated | {result['edit_s'] * 1000:.0f} ms "
+        "(target <= 1 s) |",
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--steady", type=float, default=60.0, help="steady-state window (s)")
+    args = parser.parse_args()
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    rows: list[str] = ["| figure | value |", "|---|---|"]
+    for nodes in args.nodes:
+        log(f"{nodes} GPU nodes:")
+        result = asyncio.run(run_size(nodes, args.steady, log))
+        rows.extend(summarize(result))
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
