@@ -13,7 +13,7 @@ import pydantic
 import yaml
 
 from gpu_operator import api
-from gpu_operator.api import keys
+from gpu_operator.api import keys, manifests
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.nodes import labelling
 from gpu_operator.nvml import catalog
@@ -94,15 +94,6 @@ class FactsFile(_Strict):
     pools: list[Pool] = pydantic.Field(default_factory=lambda: [Pool(name="default")])
 
 
-def _error_text(err: pydantic.ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        message = str(e["msg"]).removeprefix("Value error, ")
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
-
-
 def parse_facts(data: object, source: str = "facts") -> FactsFile:
     """Validate a parsed facts document; FactsError names the bad field."""
     if data is None:
@@ -110,21 +101,15 @@ def parse_facts(data: object, source: str = "facts") -> FactsFile:
     try:
         return FactsFile.model_validate(data)
     except pydantic.ValidationError as err:
-        raise FactsError(f"{source}: {_error_text(err)}") from None
+        raise FactsError(f"{source}: {manifests.field_errors(err)}") from None
 
 
 def load_facts(path: str | Path) -> FactsFile:
     """Read and validate a facts YAML file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise FactsError(f"{path}: cannot read: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise FactsError(f"{path}: not a text file (invalid UTF-8)") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise FactsError(f"{path}: not valid YAML: {err}") from None
+        data = manifests.load_one(path)
+    except manifests.ManifestError as err:
+        raise FactsError(str(err)) from None
     return parse_facts(data, str(path))
 
 

@@ -223,7 +223,7 @@ def test_cli_writes_a_features_file(tmp_path: Path) -> None:
     [
         (["--machine", "dgx-z9000"], "unknown machine 'dgx-z9000'"),
         (["--machine", "t4x4", "--mig-strategy", "sometimes"], "migStrategy"),
-        (["--machine", "t4x4", "--config", "/nonexistent.yaml"], "cannot read config file"),
+        (["--machine", "t4x4", "--config", "/nonexistent.yaml"], "nonexistent.yaml: no such file"),
         ([], "needs exactly one of --machine or --machine-file"),
     ],
 )

@@ -7,7 +7,6 @@ reset with a warning, and MPS defaults `failRequestsGreaterThanOne` to true.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from enum import StrEnum
@@ -15,7 +14,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pydantic
-import yaml
+
+from gpu_operator.api import manifests
 
 log = logging.getLogger(__name__)
 
@@ -244,15 +244,6 @@ class PluginConfig(_Model):
         return self
 
 
-def _describe(err: pydantic.ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("function-", "literal")))
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
-
-
 def parse(data: Any, source: str = "config") -> PluginConfig:
     """Validate an already-decoded config document; ConfigError names the offending field."""
     if data is None:
@@ -264,18 +255,13 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
     try:
         return PluginConfig.model_validate(data)
     except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: {_describe(err)}") from None
+        raise ConfigError(f"{source}: {manifests.field_errors(err)}") from None
 
 
 def load(path: str | Path) -> PluginConfig:
     """Read a YAML or JSON config file."""
-    p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as err:
-        raise ConfigError(f"{p}: cannot read config file: {err.strerror}") from None
-    try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as err:
-        raise ConfigError(f"{p}: not valid YAML or JSON: {err}") from None
-    return parse(data, str(p))
+        data = manifests.load_one(path)
+    except manifests.ManifestError as err:
+        raise ConfigError(str(err)) from None
+    return parse(data, str(path))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import yaml
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -50,13 +51,9 @@ def parse(text: str, source: str) -> list[dict[str, Any]]:
     return documents
 
 
-def read(source: str) -> list[dict[str, Any]]:
-    """Read and parse a file, or standard input for `-`."""
-    if source == "-":
-        return parse(sys.stdin.read(), "<stdin>")
-    path = Path(source)
+def _read_text(source: str | Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return Path(source).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ManifestError(f"{source}: no such file") from None
     except IsADirectoryError:
@@ -65,4 +62,36 @@ def read(source: str) -> list[dict[str, Any]]:
         raise ManifestError(f"{source}: not a text file (invalid UTF-8)") from None
     except OSError as err:
         raise ManifestError(f"{source}: cannot read: {err.strerror}") from None
-    return parse(text, source)
+
+
+def read(source: str) -> list[dict[str, Any]]:
+    """Read and parse a file, or standard input for `-`."""
+    if source == "-":
+        return parse(sys.stdin.read(), "<stdin>")
+    return parse(_read_text(source), source)
+
+
+def load_one(source: str | Path) -> Any:
+    """The one YAML or JSON document of a configuration file (None when it is empty)."""
+    text = _read_text(source)
+    try:
+        if text.lstrip().startswith("{"):
+            return json.loads(text)
+        return yaml.load(text, Loader=_Loader)
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{source}: not valid JSON: {err.msg} at line {err.lineno}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ManifestError(f"{source}: not valid YAML{where}: {problem}") from None
+
+
+def field_errors(err: pydantic.ValidationError) -> str:
+    """Every error of a pydantic validation as `field.path: message`, joined by "; "."""
+    parts = []
+    for error in err.errors():
+        loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal["))]
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{'.'.join(loc) or '(top level)'}: {message}")
+    return "; ".join(parts)

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Literal
 
 import pydantic
-import yaml
 
-from gpu_operator.api import keys
+from gpu_operator.api import keys, manifests
 from gpu_operator.nvml import machines
 
 RUNTIME_VERSIONS = {
@@ -135,14 +134,6 @@ NAMED: dict[str, Fleet] = {
 }
 
 
-def _error_text(err: pydantic.ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        parts.append(f"{where}: {str(e['msg']).removeprefix('Value error, ')}")
-    return "; ".join(parts)
-
-
 def parse(data: object, source: str = "fleet") -> Fleet:
     """Validate a parsed fleet document; FleetError names the field."""
     if not isinstance(data, dict):
@@ -151,21 +142,15 @@ def parse(data: object, source: str = "fleet") -> Fleet:
     try:
         return Fleet.model_validate(data)
     except pydantic.ValidationError as err:
-        raise FleetError(f"{source}: {_error_text(err)}") from None
+        raise FleetError(f"{source}: {manifests.field_errors(err)}") from None
 
 
 def load(path: str | Path) -> Fleet:
     """Read a fleet YAML file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise FleetError(f"{path}: cannot read: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise FleetError(f"{path}: not a text file (invalid UTF-8)") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise FleetError(f"{path}: not valid YAML: {err}") from None
+        data = manifests.load_one(path)
+    except manifests.ManifestError as err:
+        raise FleetError(str(err)) from None
     return parse(data, str(path))
 
 

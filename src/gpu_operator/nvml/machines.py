@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Literal
 
 import pydantic
-import yaml
 
+from gpu_operator.api import manifests
 from gpu_operator.nvml import catalog
 
 
@@ -161,14 +161,6 @@ def preset(name: str) -> MachineSpec:
         raise UnknownMachine(f"unknown machine {name!r}; known presets: {known}") from None
 
 
-def _error_text(err: pydantic.ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        parts.append(f"{where}: {e['msg']}")
-    return "; ".join(parts)
-
-
 def from_dict(data: object, source: str = "machine") -> MachineSpec:
     """Validate a machine description (the parsed YAML); errors name the offending field."""
     if not isinstance(data, dict):
@@ -176,16 +168,13 @@ def from_dict(data: object, source: str = "machine") -> MachineSpec:
     try:
         return MachineSpec.model_validate(data)
     except pydantic.ValidationError as err:
-        raise MachineFileError(f"{source}: {_error_text(err)}") from None
+        raise MachineFileError(f"{source}: {manifests.field_errors(err)}") from None
 
 
 def load(path: str | Path) -> MachineSpec:
     """Read a machine YAML file (format in docs/gpu-layer.md)."""
-    p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as err:
-        raise MachineFileError(f"{p}: cannot read: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise MachineFileError(f"{p}: not valid YAML: {err}") from None
-    return from_dict(data, str(p))
+        data = manifests.load_one(path)
+    except manifests.ManifestError as err:
+        raise MachineFileError(str(err)) from None
+    return from_dict(data, str(path))
