@@ -197,7 +197,10 @@ def test_invalid_policy_exits_1_with_validates_messages(tmp_path: Path) -> None:
     [
         (["-f", "/nonexistent.yaml"], "no such file"),
         (["-f", "{facts}"], "no ClusterPolicy found"),
-        (["-f", "{policy}", "--facts", "/nonexistent-facts.yaml"], "nonexistent-facts.yaml: no such file"),
+        (
+            ["-f", "{policy}", "--facts", "/nonexistent-facts.yaml"],
+            "nonexistent-facts.yaml: no such file",
+        ),
         (["-f", "{policy}", "--facts", "{badfacts}"], "pools.0.runtime"),
     ],
 )

@@ -137,7 +137,7 @@ def test_unknown_flags_are_ignored_for_forward_compatibility() -> None:
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
-    with pytest.raises(pc.ConfigError, match="missing.yaml: no such file"):
+    with pytest.raises(pc.ConfigError, match=r"missing\.yaml: no such file"):
         pc.load(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("flags: [unclosed")

@@ -80,7 +80,7 @@ def test_bad_fleet_files_name_the_problem(tmp_path: Path, text: str, message: st
 def test_unknown_name_and_missing_file_are_errors() -> None:
     with pytest.raises(fleet.FleetError, match="unknown fleet 'nope'"):
         fleet.resolve("nope")
-    with pytest.raises(fleet.FleetError, match="fleet.yaml: no such file"):
+    with pytest.raises(fleet.FleetError, match=r"fleet\.yaml: no such file"):
         fleet.resolve("/nonexistent/fleet.yaml")
 
 

@@ -173,7 +173,7 @@ def test_machine_file_with_an_impossible_layout_is_rejected(tmp_path: Path) -> N
 
 
 def test_missing_machine_file() -> None:
-    with pytest.raises(machines.MachineFileError, match="machine.yaml: no such file"):
+    with pytest.raises(machines.MachineFileError, match=r"machine\.yaml: no such file"):
         mock.MockMachine.from_file("/nonexistent/machine.yaml")
 
 
