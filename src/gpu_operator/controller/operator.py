@@ -426,7 +426,8 @@ class Operator:
         if informer is None:
             return None
         meta = obj.get("metadata") or {}
-        return informer.get(str(meta.get("name")), meta.get("namespace"))
+        live: dict[str, Any] | None = informer.get(str(meta.get("name")), meta.get("namespace"))
+        return live
 
     async def _write(self, obj: dict[str, Any]) -> None:
         async with self._write_slots:
@@ -482,7 +483,7 @@ class Operator:
         report: summary.StateReport,
         daemonsets: list[dict[str, Any]],
         written: set[tuple[str, str, str, str]],
-        by_owner: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+        by_owner: dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]],
     ) -> summary.StateReport:
         if report.outcome != "ready":
             return report
@@ -605,14 +606,16 @@ def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
 
 
 def _index_by_owner(
-    pods: Iterable[dict[str, Any]], revisions: Iterable[dict[str, Any]]
-) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
-    """Pods and ControllerRevisions grouped by the uid of their owner."""
-    index: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-    for position, objects in ((0, pods), (1, revisions)):
-        for obj in objects:
-            for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-                index.setdefault(str(ref.get("uid")), ([], []))[position].append(obj)
+    pods: Iterable[readiness.PodSummary], revisions: Iterable[dict[str, Any]]
+) -> dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]]:
+    """Pod summaries and ControllerRevisions grouped by the uid of their owner."""
+    index: dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]] = {}
+    for pod in pods:
+        for uid in pod.owner_uids:
+            index.setdefault(uid, ([], []))[0].append(pod)
+    for revision in revisions:
+        for ref in (revision.get("metadata") or {}).get("ownerReferences") or []:
+            index.setdefault(str(ref.get("uid")), ([], []))[1].append(revision)
     return index
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from gpu_operator.api import crds, keys
 from gpu_operator.nodes import labelling, ledger
+from gpu_operator.operands import readiness
 
 # Node labels the planners read besides the `nvidia.com/` ones.
 _NODE_LABELS = frozenset({*keys.NFD_GPU_LABELS, keys.NFD_OS_ID, keys.NFD_OS_VERSION_ID,
                           keys.NFD_OS_VERSION_MAJOR, keys.NFD_OSTREE_VERSION, keys.NFD_KERNEL_FULL,
                           keys.NFD_MELLANOX})  # fmt: skip
 _NODE_ANNOTATIONS = frozenset({ledger.ANNOTATION, keys.UPGRADE_ENABLED})
-_REVISION_HASH = "controller-revision-hash"
 
 
 def _interned(mapping: dict[str, str]) -> dict[str, str]:
@@ -66,53 +66,14 @@ def node(obj: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _container_status(status: dict[str, Any]) -> dict[str, Any]:
-    state = status.get("state") or {}
-    out: dict[str, Any] = {
-        "name": sys.intern(str(status.get("name"))),
-        "ready": status.get("ready", False),
-        "restartCount": status.get("restartCount", 0),
-    }
-    if "waiting" in state:
-        waiting = state["waiting"] or {}
-        out["state"] = {"waiting": {k: waiting[k] for k in ("reason", "message") if k in waiting}}
-    elif "terminated" in state:
-        done = state["terminated"] or {}
-        out["state"] = {"terminated": {k: done[k] for k in ("exitCode", "reason") if k in done}}
-    return out
-
-
-def pod(obj: dict[str, Any]) -> dict[str, Any]:
-    """Owner, node, phase, scheduling problems and container states (what readiness reads)."""
-    meta = obj.get("metadata") or {}
-    status = obj.get("status") or {}
-    labels = meta.get("labels") or {}
-    out_meta: dict[str, Any] = {
-        "name": meta.get("name"),
-        "namespace": sys.intern(str(meta.get("namespace"))),
-        "labels": _interned({k: labels[k] for k in (_REVISION_HASH,) if k in labels}),
-        "ownerReferences": [
-            {"uid": sys.intern(str(ref.get("uid")))} for ref in meta.get("ownerReferences") or []
-        ],
-    }
-    if meta.get("deletionTimestamp"):
-        out_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    out_status: dict[str, Any] = {"phase": sys.intern(str(status.get("phase")))}
-    unscheduled = [
-        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
-        for c in status.get("conditions") or []
-        if c.get("type") == "PodScheduled" and c.get("status") == "False"
-    ]
-    if unscheduled:
-        out_status["conditions"] = unscheduled
-    for key in ("containerStatuses", "initContainerStatuses"):
-        if status.get(key):
-            out_status[key] = [_container_status(c) for c in status[key]]
-    return {
-        "metadata": out_meta,
-        "spec": {"nodeName": sys.intern(str((obj.get("spec") or {}).get("nodeName")))},
-        "status": out_status,
-    }
+def pod(obj: dict[str, Any]) -> readiness.PodSummary:
+    """A pod as readiness needs it: owner, node, revision and its worst problem, if any."""
+    summary = readiness.summarize(obj)
+    return summary._replace(
+        node=sys.intern(summary.node),
+        owner_uids=tuple(sys.intern(uid) for uid in summary.owner_uids),
+        revision_hash=sys.intern(summary.revision_hash) if summary.revision_hash else None,
+    )
 
 
 def owned(obj: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from lightkube import ApiError, AsyncClient
 
 log = logging.getLogger(__name__)
 
-Transform = Callable[[dict[str, Any]], dict[str, Any]]
-Handler = Callable[[str, dict[str, Any] | None, dict[str, Any] | None], None]
+# A transform may return any value (a smaller dict, a summary tuple): keys come from the raw object.
+Transform = Callable[[dict[str, Any]], Any]
+Handler = Callable[[str, Any, Any], None]
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -55,7 +56,7 @@ class Informer:
         self.transform = transform or (lambda obj: obj)
         self.on_change = on_change
         self.watch_timeout = watch_timeout
-        self.objects: dict[str, dict[str, Any]] = {}
+        self.objects: dict[str, Any] = {}
         self.synced = asyncio.Event()
         self.relists = 0
         self._stopping = False
@@ -64,10 +65,10 @@ class Informer:
     def kind(self) -> str:
         return str(self.resource._api_info.resource.kind)
 
-    def get(self, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    def get(self, name: str, namespace: str | None = None) -> Any:
         return self.objects.get(f"{namespace}/{name}" if namespace else name)
 
-    def _emit(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+    def _emit(self, key: str, old: Any, new: Any) -> None:
         if self.on_change is not None:
             try:
                 self.on_change(key, old, new)
@@ -75,8 +76,8 @@ class Informer:
                 log.exception("event handler failed for %s %s", self.kind, key)
 
     def _set(self, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
         stripped = self.transform(obj)
-        key = object_key(stripped)
         old = self.objects.get(key)
         self.objects[key] = stripped
         self._emit(key, old, stripped)

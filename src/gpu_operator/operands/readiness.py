@@ -8,7 +8,7 @@ scheduled, an out-of-date revision), so status can explain itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Obj = dict[str, Any]
 REVISION_HASH_LABEL = "controller-revision-hash"
@@ -36,19 +36,40 @@ class Readiness:
     reason: str
 
 
+class PodSummary(NamedTuple):
+    """What readiness needs from one pod, computed once when the pod changes.
+
+    Caches of thousands of pods keep these instead of the pods themselves: a summary costs a few
+    hundred bytes where a pod's status costs kilobytes.
+    """
+
+    name: str
+    node: str
+    owner_uids: tuple[str, ...]
+    revision_hash: str | None
+    problem: tuple[int, str] | None  # without the revision check, which needs the DaemonSet
+
+
+def summarize(pod: Obj) -> PodSummary:
+    """The summary of one pod (see PodSummary)."""
+    meta = pod.get("metadata", {})
+    return PodSummary(
+        name=str(meta.get("name", "?")),
+        node=str(pod.get("spec", {}).get("nodeName") or ""),
+        owner_uids=tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or []),
+        revision_hash=(meta.get("labels") or {}).get(REVISION_HASH_LABEL),
+        problem=pod_problem(pod),
+    )
+
+
 def _int(value: Any) -> int:
     return int(value) if isinstance(value, int) else 0
 
 
-def _owned_by(pod: Obj, owner: Obj) -> bool:
+def _owned_by(pod: PodSummary, owner: Obj) -> bool:
     uid = owner.get("metadata", {}).get("uid")
-    name = owner.get("metadata", {}).get("name")
-    for ref in pod.get("metadata", {}).get("ownerReferences") or []:
-        if uid and ref.get("uid") == uid:
-            return True
-        if not uid and ref.get("kind") == owner.get("kind") and ref.get("name") == name:
-            return True
-    return False
+    # An owner without a uid (a rendered, never-applied object) owns nothing yet.
+    return bool(uid) and uid in pod.owner_uids
 
 
 def newest_revision_hash(ds: Obj, revisions: list[Obj]) -> str | None:
@@ -133,14 +154,15 @@ def pod_problem(pod: Obj, newest_hash: str | None = None) -> tuple[int, str] | N
     return None
 
 
-def _first_problem(pods: list[Obj], newest_hash: str | None) -> tuple[int, str]:
+def _first_problem(pods: list[PodSummary], newest_hash: str | None) -> tuple[int, str]:
     """How many pods have a problem and a description of the most severe one."""
     found: list[tuple[int, str, str]] = []
     for pod in pods:
-        problem = pod_problem(pod, newest_hash)
+        problem = pod.problem
+        if problem is None and newest_hash is not None and pod.revision_hash != newest_hash:
+            problem = (2, "runs an out-of-date revision (waiting to be replaced)")
         if problem is not None:
-            node = pod.get("spec", {}).get("nodeName") or pod.get("metadata", {}).get("name", "?")
-            found.append((problem[0], node, problem[1]))
+            found.append((problem[0], pod.node or pod.name, problem[1]))
     if not found:
         return 0, ""
     severity = max(f[0] for f in found)
@@ -148,14 +170,23 @@ def _first_problem(pods: list[Obj], newest_hash: str | None) -> tuple[int, str]:
     return len(found), f"{node}: {text}"
 
 
-def daemonset_readiness(ds: Obj, pods: list[Obj], revisions: list[Obj]) -> Readiness:
-    """Upstream's DaemonSet readiness (OnDelete revision check included), explained."""
+def _summaries(pods: list[Obj] | list[PodSummary]) -> list[PodSummary]:
+    return [p if isinstance(p, PodSummary) else summarize(p) for p in pods]
+
+
+def daemonset_readiness(
+    ds: Obj, pods: list[Obj] | list[PodSummary], revisions: list[Obj]
+) -> Readiness:
+    """Upstream's DaemonSet readiness (OnDelete revision check included), explained.
+
+    `pods` may be pod objects or their summaries.
+    """
     name = ds.get("metadata", {}).get("name", "?")
     status = ds.get("status") or {}
     desired = _int(status.get("desiredNumberScheduled"))
     if desired == 0:
         return Readiness(True, 0, 0, "")
-    owned = [p for p in pods if _owned_by(p, ds)]
+    owned = [p for p in _summaries(pods) if _owned_by(p, ds)]
     strategy = (ds.get("spec", {}).get("updateStrategy") or {}).get("type", "RollingUpdate")
     newest = newest_revision_hash(ds, revisions) if strategy == "OnDelete" else None
     problems, detail = _first_problem(owned, newest)
@@ -196,7 +227,7 @@ def deployment_readiness(deployment: Obj, pods: list[Obj]) -> Readiness:
     status = deployment.get("status") or {}
     desired = _int(deployment.get("spec", {}).get("replicas", 1))
     unavailable = _int(status.get("unavailableReplicas"))
-    problems, detail = _first_problem(pods, None)
+    problems, detail = _first_problem(_summaries(pods), None)
     if unavailable or (desired and not pods):
         count = unavailable or desired
         reason = f"{name}: {count}/{desired} replicas not available" + (
