@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.operands.readiness import daemonset_readiness, deployment_readiness
+from gpu_operator.operands.readiness import daemonset_readiness
 
 UID = "ds-uid"
 
@@ -238,15 +238,3 @@ def test_on_delete_not_running_pod_is_not_ready() -> None:
 def test_on_delete_revision_from_name_when_unlabelled() -> None:
     revisions = [{"metadata": {"name": "nvidia-driver-daemonset-new"}, "revision": 3}]
     assert daemonset_readiness(ds("OnDelete"), [pod("a"), pod("b"), pod("c")], revisions).ready
-
-
-def test_deployment_readiness() -> None:
-    deployment = {"metadata": {"name": "gpu-operator"}, "spec": {"replicas": 1}, "status": {}}
-    assert deployment_readiness(deployment, [pod("a")]).ready
-    broken = {**deployment, "status": {"unavailableReplicas": 1}}
-    result = deployment_readiness(
-        broken, [pod("a", phase="Pending", init=[CRASHING], containers=[])]
-    )
-    assert not result.ready
-    assert result.reason.startswith("gpu-operator: 1/1 replicas not available; a: init container")
-    assert not deployment_readiness(deployment, []).ready

@@ -219,21 +219,3 @@ def daemonset_readiness(
     if problems:
         return not_ready(problems, f"{problems}/{desired} pods not ready or not up to date")
     return Readiness(True, desired, 0, "")
-
-
-def deployment_readiness(deployment: Obj, pods: list[Obj]) -> Readiness:
-    """A Deployment is ready when no replica is unavailable and its first pod runs."""
-    name = deployment.get("metadata", {}).get("name", "?")
-    status = deployment.get("status") or {}
-    desired = _int(deployment.get("spec", {}).get("replicas", 1))
-    unavailable = _int(status.get("unavailableReplicas"))
-    problems, detail = _first_problem(_summaries(pods), None)
-    if unavailable or (desired and not pods):
-        count = unavailable or desired
-        reason = f"{name}: {count}/{desired} replicas not available" + (
-            f"; {detail}" if detail else ""
-        )
-        return Readiness(False, desired, count, reason)
-    if pods and pod_problem(pods[0]) is not None:
-        return Readiness(False, desired, max(problems, 1), f"{name}: {detail}")
-    return Readiness(True, desired, 0, "")
