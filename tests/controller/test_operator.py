@@ -377,3 +377,20 @@ async def test_psa_labels_the_operator_namespace(env: Env) -> None:
     labels = namespace["metadata"]["labels"]
     for mode in ("enforce", "audit", "warn"):
         assert labels[f"pod-security.kubernetes.io/{mode}"] == "privileged"
+
+
+async def test_driver_mounts_a_user_configmap_key_by_key(env: Env) -> None:
+    env.sim.store.create({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "repo-config", "namespace": NAMESPACE},
+        "data": {"custom.list": "deb http://mirror.local/ubuntu jammy main"},
+    })  # fmt: skip
+    env.sim.store.create(policy(driver={
+        **policy()["spec"]["driver"], "repoConfig": {"configMapName": "repo-config"},
+    }))  # fmt: skip
+    env.start_operator()
+    await env.wait_ready()
+    volumes = env.daemonsets()["nvidia-driver-daemonset"]["spec"]["template"]["spec"]["volumes"]
+    repo = [v for v in volumes if (v.get("configMap") or {}).get("name") == "repo-config"]
+    assert repo, volumes
+    assert env.sim.store.get("configmaps", "repo-config", NAMESPACE) is not None  # never pruned

@@ -125,13 +125,6 @@ class Operator:
             on_change=self._on_status,
         )  # fmt: skip
         self.crds = Informer(client, resources.CRD, transform=strip.crd, on_change=self._on_crd)
-        self.configmaps = Informer(
-            client,
-            resources.resource("v1", "ConfigMap"),
-            namespace=ns,
-            transform=strip.configmap_keys,
-            on_change=self._on_status,
-        )
         self.owned: dict[tuple[str, str], Informer] = {}
         for api_version, kind in OWNED_KINDS:
             self._add_owned(api_version, kind)
@@ -151,11 +144,15 @@ class Operator:
 
     def _add_owned(self, api_version: str, kind: str) -> Informer:
         info = resources.kind_of(api_version, kind)
+        # ConfigMaps are watched whole in the namespace: the driver mounts the user's ConfigMaps
+        # key by key, so the renderers need their keys too. Pruning still only touches objects
+        # the active policy owns.
+        labels = None if kind == "ConfigMap" else {keys.OPERATOR_STATE_LABEL: None}
         informer = Informer(
             self.client,
             resources.resource(api_version, kind),
             namespace=self.settings.namespace if info.namespaced else None,
-            labels={keys.OPERATOR_STATE_LABEL: None},  # label exists
+            labels=labels,
             transform=strip.owned,
             on_change=self._on_status,
         )
@@ -293,7 +290,8 @@ class Operator:
             has_servicemonitor_crd=SERVICEMONITOR_CRD in crds,
             has_prometheusrule_crd=PROMETHEUSRULE_CRD in crds,
             config_map_keys={
-                cm["metadata"]["name"]: tuple(cm["keys"]) for cm in self.configmaps.objects.values()
+                cm["metadata"]["name"]: tuple(cm["keys"])
+                for cm in self.owned[("v1", "ConfigMap")].objects.values()
             },
         )
 
@@ -497,10 +495,6 @@ class Operator:
             if live is None:
                 problems.append(f"{name}: not created yet")
                 continue
-            generation = live["metadata"].get("generation") or 0
-            if (live.get("status") or {}).get("observedGeneration", 0) < generation:
-                problems.append(f"{name}: waiting for the DaemonSet controller to observe it")
-                continue
             pods, revisions = by_owner.get(str(live["metadata"].get("uid")), ([], []))
             verdict = readiness.daemonset_readiness(live, pods, revisions)
             if not verdict.ready:
@@ -519,7 +513,7 @@ class Operator:
                 state = (meta.get("labels") or {}).get(keys.OPERATOR_STATE_LABEL)
                 if state in keep_states or _ref(obj) in desired:
                     continue
-                if not any(_owned_by(obj, uid) for uid in [self.active_uid] if uid):
+                if not _owned_by(obj, self.active_uid):
                     continue  # not created by the active policy: not ours to delete
                 orphan = (
                     crd_mode

@@ -77,12 +77,15 @@ def pod(obj: dict[str, Any]) -> readiness.PodSummary:
 
 
 def owned(obj: dict[str, Any]) -> dict[str, Any]:
-    """Objects the operator renders: identity, our hash annotation, and workload status."""
+    """Objects the operator renders: identity, our hash annotation, workload status, and for
+    ConfigMaps the keys they hold."""
     out: dict[str, Any] = {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),
         "metadata": _meta(obj, annotations=(keys.LAST_APPLIED_HASH,)),
     }
+    if obj.get("kind") == "ConfigMap":
+        out["keys"] = sorted({*(obj.get("data") or {}), *(obj.get("binaryData") or {})})
     if obj.get("kind") in ("DaemonSet", "Deployment"):
         spec = obj.get("spec") or {}
         out["spec"] = {k: spec[k] for k in ("updateStrategy", "selector", "replicas") if k in spec}
@@ -97,9 +100,3 @@ def revision(obj: dict[str, Any]) -> dict[str, Any]:
 def crd(obj: dict[str, Any]) -> dict[str, Any]:
     """A CRD's name and our schema version marker."""
     return {"metadata": _meta(obj, annotations=(crds.SCHEMA_VERSION_ANNOTATION,))}
-
-
-def configmap_keys(obj: dict[str, Any]) -> dict[str, Any]:
-    """A ConfigMap's name and the keys it holds (the driver mounts referenced ones key by key)."""
-    keys_held = sorted({*(obj.get("data") or {}), *(obj.get("binaryData") or {})})
-    return {"metadata": {"name": (obj.get("metadata") or {}).get("name")}, "keys": keys_held}

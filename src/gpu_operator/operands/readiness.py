@@ -184,6 +184,11 @@ def daemonset_readiness(
     name = ds.get("metadata", {}).get("name", "?")
     status = ds.get("status") or {}
     desired = _int(status.get("desiredNumberScheduled"))
+    # Until the DaemonSet controller has seen the latest spec, its counts (even "0 desired")
+    # describe an older one, so nothing else can be concluded.
+    if _int(status.get("observedGeneration")) < _int(ds.get("metadata", {}).get("generation")):
+        reason = f"{name}: the DaemonSet controller has not seen the latest spec yet"
+        return Readiness(False, desired, max(desired, 1), reason)
     if desired == 0:
         return Readiness(True, 0, 0, "")
     owned = [p for p in _summaries(pods) if _owned_by(p, ds)]
@@ -200,10 +205,6 @@ def daemonset_readiness(
     if unavailable != 0:
         return not_ready(unavailable, f"{unavailable}/{desired} pods not ready")
     if strategy != "OnDelete":
-        generation = _int(ds.get("metadata", {}).get("generation"))
-        observed = _int(status.get("observedGeneration"))
-        if observed < generation:
-            return not_ready(desired, "the DaemonSet controller has not seen the latest spec yet")
         updated = _int(status.get("updatedNumberScheduled"))
         available = _int(status.get("numberAvailable"))
         if updated != desired or available != desired:
