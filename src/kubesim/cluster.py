@@ -19,6 +19,7 @@ from kubesim.controllers.base import Controller
 from kubesim.controllers.daemonset import DaemonSetController
 from kubesim.controllers.deployment import DeploymentController, ReplicaSetController, Scheduler
 from kubesim.controllers.disruption import DisruptionController
+from kubesim.controllers.events import EventRecorder
 from kubesim.controllers.garbage_collector import GarbageCollector
 from kubesim.controllers.kubelet import Kubelet, KubeletConfig, PodRunner, RunnerRegistration
 from kubesim.controllers.namespace import NamespaceController
@@ -71,6 +72,7 @@ class Cluster:
         history: int = 10_000,
         bookmark_interval: float = 5.0,
         seed: int | None = None,
+        events: bool = True,
     ) -> None:
         enabled = set(ALL_CONTROLLERS if controllers is None else controllers)
         unknown = enabled - set(ALL_CONTROLLERS)
@@ -99,7 +101,9 @@ class Cluster:
         self.url = ""
         self.kubeconfig_path = Path()
         self.controllers: dict[str, Controller] = {}
+        self.events = EventRecorder(self.store, enabled=events)
         self.kubelet = Kubelet(self.store, self.kubelet_config)
+        self.kubelet.events = self.events
 
     async def __aenter__(self) -> Cluster:
         await self.start()
@@ -147,6 +151,7 @@ class Cluster:
         for name in ALL_CONTROLLERS:
             if name in self.enabled:
                 controller = factories[name]()
+                controller.events = self.events
                 self.controllers[name] = controller
                 controller.start()
         if "kubelet" in self.enabled:

@@ -9,6 +9,33 @@ from typing import Any
 from kubesim import errors
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+CREATE_ONLY = ("create",)
+PROXY_VERBS = ("create", "delete", "get", "patch", "update")
+
+
+@dataclass(frozen=True)
+class Subresource:
+    """A subresource other than status: its discovery kind, verbs and (for a few) another group."""
+
+    name: str
+    kind: str
+    verbs: tuple[str, ...]
+    group: str = ""
+    version: str = ""
+
+
+# The subresources the real server serves for built-in kinds (beyond status), as discovery shows.
+_POD_SUBRESOURCES = (
+    Subresource("attach", "PodAttachOptions", ("create", "get")),
+    Subresource("binding", "Binding", CREATE_ONLY),
+    Subresource("ephemeralcontainers", "Pod", ("get", "patch", "update")),
+    Subresource("eviction", "Eviction", CREATE_ONLY, "policy", "v1"),
+    Subresource("exec", "PodExecOptions", ("create", "get")),
+    Subresource("log", "Pod", ("get",)),
+    Subresource("portforward", "PodPortForwardOptions", ("create", "get")),
+    Subresource("proxy", "PodProxyOptions", PROXY_VERBS),
+)
+_SCALE = (Subresource("scale", "Scale", ("get", "patch", "update"), "autoscaling", "v1"),)
 
 
 @dataclass(frozen=True)
@@ -31,8 +58,12 @@ class ResourceType:
     schema: dict[str, Any] | None = None
     served_versions: tuple[str, ...] = ()
     from_crd: bool = False
-    extra_subresources: tuple[str, ...] = ()
+    extra_subresources: tuple[Subresource, ...] = ()
     verbs: tuple[str, ...] = ALL_VERBS
+
+    def subresource(self, name: str) -> Subresource | None:
+        """A declared subresource other than status, by name."""
+        return next((s for s in self.extra_subresources if s.name == name), None)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -72,7 +103,7 @@ def _rt(
     status_on_create: bool = False,
     generation: bool = False,
     categories: Iterable[str] = (),
-    extra: Iterable[str] = (),
+    extra: Iterable[Subresource] = (),
     verbs: tuple[str, ...] = ALL_VERBS,
 ) -> ResourceType:
     return ResourceType(
@@ -103,7 +134,17 @@ BUILTINS: tuple[ResourceType, ...] = (
         status=True,
         verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
     ),
-    _rt("", "v1", "nodes", "Node", False, ["no"], status=True, status_on_create=True),
+    _rt(
+        "",
+        "v1",
+        "nodes",
+        "Node",
+        False,
+        ["no"],
+        status=True,
+        status_on_create=True,
+        extra=[Subresource("proxy", "NodeProxyOptions", PROXY_VERBS)],
+    ),
     _rt(
         "",
         "v1",
@@ -113,13 +154,31 @@ BUILTINS: tuple[ResourceType, ...] = (
         ["po"],
         status=True,
         categories=["all"],
-        extra=["eviction", "log", "binding"],
+        extra=_POD_SUBRESOURCES,
     ),
-    _rt("", "v1", "services", "Service", True, ["svc"], status=True, categories=["all"]),
+    _rt(
+        "",
+        "v1",
+        "services",
+        "Service",
+        True,
+        ["svc"],
+        status=True,
+        categories=["all"],
+        extra=[Subresource("proxy", "ServiceProxyOptions", PROXY_VERBS)],
+    ),
     _rt("", "v1", "endpoints", "Endpoints", True, ["ep"]),
     _rt("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
     _rt("", "v1", "secrets", "Secret", True),
-    _rt("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"]),
+    _rt(
+        "",
+        "v1",
+        "serviceaccounts",
+        "ServiceAccount",
+        True,
+        ["sa"],
+        extra=[Subresource("token", "TokenRequest", CREATE_ONLY, "authentication.k8s.io", "v1")],
+    ),
     _rt("", "v1", "events", "Event", True, ["ev"]),
     _rt("events.k8s.io", "v1", "events", "Event", True, ["ev"]),
     _rt(
@@ -143,6 +202,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         status=True,
         generation=True,
         categories=["all"],
+        extra=_SCALE,
     ),
     _rt(
         "apps",
@@ -154,6 +214,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         status=True,
         generation=True,
         categories=["all"],
+        extra=_SCALE,
     ),
     _rt(
         "apps",
@@ -165,8 +226,22 @@ BUILTINS: tuple[ResourceType, ...] = (
         status=True,
         generation=True,
         categories=["all"],
+        extra=_SCALE,
     ),
     _rt("apps", "v1", "controllerrevisions", "ControllerRevision", True),
+    _rt("batch", "v1", "jobs", "Job", True, status=True, generation=True, categories=["all"]),
+    _rt(
+        "batch",
+        "v1",
+        "cronjobs",
+        "CronJob",
+        True,
+        ["cj"],
+        status=True,
+        generation=True,
+        categories=["all"],
+    ),
+    _rt("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     _rt("coordination.k8s.io", "v1", "leases", "Lease", True),
     _rt(
         "policy",
@@ -183,6 +258,48 @@ BUILTINS: tuple[ResourceType, ...] = (
     _rt("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     _rt("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     _rt("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
+    # Review kinds are virtual: a create is answered and nothing is stored.
+    _rt(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        verbs=CREATE_ONLY,
+    ),
+    _rt(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
+        False,
+        verbs=CREATE_ONLY,
+    ),
+    _rt(
+        "authorization.k8s.io",
+        "v1",
+        "subjectaccessreviews",
+        "SubjectAccessReview",
+        False,
+        verbs=CREATE_ONLY,
+    ),
+    _rt(
+        "authorization.k8s.io",
+        "v1",
+        "localsubjectaccessreviews",
+        "LocalSubjectAccessReview",
+        True,
+        verbs=CREATE_ONLY,
+    ),
+    _rt(
+        "authentication.k8s.io",
+        "v1",
+        "selfsubjectreviews",
+        "SelfSubjectReview",
+        False,
+        verbs=CREATE_ONLY,
+    ),
+    _rt("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=CREATE_ONLY),
     _rt("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ["pc"]),
     _rt(
         "apiextensions.k8s.io",
@@ -389,18 +506,16 @@ def discovery_resource_list(registry: Registry, group: str, version: str) -> dic
                 }
             )
         for sub in rt.extra_subresources:
-            sub_kind = {"eviction": "Eviction", "binding": "Binding", "log": "Pod"}[sub]
-            sub_group = "policy" if sub == "eviction" else ""
             entry_sub: dict[str, Any] = {
-                "name": f"{rt.plural}/{sub}",
+                "name": f"{rt.plural}/{sub.name}",
                 "singularName": "",
                 "namespaced": rt.namespaced,
-                "kind": sub_kind,
-                "verbs": ["get"] if sub == "log" else ["create"],
+                "kind": sub.kind,
+                "verbs": list(sub.verbs),
             }
-            if sub_group:
-                entry_sub["group"] = sub_group
-                entry_sub["version"] = "v1"
+            if sub.group:
+                entry_sub["group"] = sub.group
+                entry_sub["version"] = sub.version
             resources.append(entry_sub)
     return {
         "kind": "APIResourceList",

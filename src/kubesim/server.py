@@ -175,7 +175,7 @@ class ApiServer:
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
         if sub is not None:
-            allowed = set(rt.extra_subresources)
+            allowed = {s.name for s in rt.extra_subresources}
             if rt.status_subresource:
                 allowed.add("status")
             if rt.key == ("", "namespaces"):

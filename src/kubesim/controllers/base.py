@@ -9,6 +9,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from kubesim import errors
+from kubesim.controllers.events import EventRecorder
 from kubesim.resources import ResourceType
 from kubesim.store import Event, Store
 
@@ -24,6 +25,8 @@ class Controller:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # The cluster replaces this with its shared recorder (one aggregation cache, one switch).
+        self.events = EventRecorder(store)
         self._pending: dict[ItemKey, None] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
