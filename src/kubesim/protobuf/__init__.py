@@ -1,0 +1,1 @@
+"""Kubernetes protobuf: the wire codec and the schemas of the built-in kinds."""
