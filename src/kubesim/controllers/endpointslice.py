@@ -1,0 +1,217 @@
+"""EndpointSlice controller: discovery.k8s.io/v1 slices for each selector Service.
+
+Endpoints with the same resolved ports share slices of at most 100 endpoints; a Service that
+selects no pods keeps one empty placeholder slice, as upstream. Terminating pods stay in with
+`ready: false` and `terminating: true`; `serving` follows pod readiness. Slices carry the
+`kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by` labels and are owned by
+the Service (the garbage collector removes them with it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubesim.controllers import endpoints as common
+from kubesim.controllers import scheduling
+from kubesim.controllers.base import Controller
+from kubesim.store import Event, Store, Stored, now
+
+SERVICE_KEY = common.SERVICE_KEY
+POD_KEY = common.POD_KEY
+SLICE_KEY = ("discovery.k8s.io", "endpointslices")
+NODE_KEY = ("", "nodes")
+SERVICE_NAME = "kubernetes.io/service-name"
+MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+CONTROLLER_NAME = "endpointslice-controller.k8s.io"
+MAX_ENDPOINTS = 100
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+Ports = list[dict[str, Any]]
+
+
+class EndpointSliceController(Controller):
+    """Keys are (namespace, name) of Services."""
+
+    name = "endpointslice-controller"
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.selected = common.ServicePods(store)
+
+    def initial_keys(self) -> list[Any]:
+        return [
+            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
+            for s in self.store.scan(SERVICE_KEY)
+        ]
+
+    def on_event(self, event: Event) -> None:
+        if event.key == SERVICE_KEY:
+            meta = event.new.obj["metadata"]
+            key = (meta["namespace"], meta["name"])
+            if event.type == "DELETED":
+                self.selected.forget(key)
+            self.enqueue(key)
+        elif event.key == POD_KEY:
+            for key in self.selected.pod_changed(event):
+                self.enqueue_after(key, common.batch_delay(self.selected.count(key)))
+        elif event.key == SLICE_KEY:
+            labels = event.new.obj["metadata"].get("labels") or {}
+            if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
+                self.enqueue((event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME]))
+
+    def reconcile(self, key: Any) -> None:
+        namespace, name = key
+        stored = self.store.peek(SERVICE_KEY, namespace, name)
+        existing = self._owned_slices(namespace, name)
+        rt = self.rt("endpointslices.discovery.k8s.io")
+        if (
+            stored is None
+            or stored.obj["metadata"].get("deletionTimestamp")
+            or not common.managed(stored.obj)
+        ):
+            for slice_ in existing:
+                self.store.remove(rt, namespace, slice_.obj["metadata"]["name"])
+            return
+        service = stored.obj
+        desired = self._desired(service)
+        labels = dict(service["metadata"].get("labels") or {})
+        labels[SERVICE_NAME] = name
+        labels[MANAGED_BY] = CONTROLLER_NAME
+        if (service.get("spec") or {}).get("clusterIP") == "None":
+            labels[common.HEADLESS_LABEL] = ""
+        by_ports: dict[str, list[Stored]] = {}
+        for slice_ in existing:
+            by_ports.setdefault(_ports_key(slice_.obj.get("ports")), []).append(slice_)
+        matched: list[tuple[Stored | None, Ports | None, list[Any] | None]] = []
+        for ports, endpoint_list in desired:
+            candidates = by_ports.get(_ports_key(ports), [])
+            matched.append((candidates.pop(0) if candidates else None, ports, endpoint_list))
+        # As upstream, a slice that would be deleted is rewritten instead of creating another.
+        spare = [s for group in by_ports.values() for s in group]
+        for slice_ in existing:
+            if slice_.obj["metadata"].get("deletionTimestamp") and slice_ in spare:
+                spare.remove(slice_)
+        for index, (current, ports, endpoint_list) in enumerate(matched):
+            if current is None and spare:
+                matched[index] = (spare.pop(0), ports, endpoint_list)
+        for current, ports, endpoint_list in matched:
+            if current is None:
+                self.store.insert(
+                    rt,
+                    {
+                        "apiVersion": "discovery.k8s.io/v1",
+                        "kind": "EndpointSlice",
+                        "metadata": {
+                            "generateName": f"{name}-",
+                            "namespace": namespace,
+                            "labels": labels,
+                            "annotations": {common.TRIGGER_TIME: now()},
+                            "ownerReferences": [_owner(service)],
+                        },
+                        "addressType": "IPv4",
+                        "endpoints": endpoint_list,
+                        "ports": ports,
+                    },
+                )
+                continue
+            obj = current.obj
+            if (
+                obj.get("endpoints") == endpoint_list
+                and obj.get("ports") == ports
+                and obj["metadata"].get("labels") == labels
+            ):
+                continue
+            updated = current.copy()
+            updated["endpoints"] = endpoint_list
+            updated["ports"] = ports
+            updated["metadata"]["labels"] = labels
+            updated["metadata"].setdefault("annotations", {})[common.TRIGGER_TIME] = now()
+            self.store.replace(rt, updated, namespace=namespace, name=updated["metadata"]["name"])
+        for slice_ in spare:
+            self.store.remove(rt, namespace, slice_.obj["metadata"]["name"])
+
+    def _owned_slices(self, namespace: str, name: str) -> list[Stored]:
+        result = []
+        for slice_ in self.store.scan(SLICE_KEY, namespace):
+            labels = slice_.obj["metadata"].get("labels") or {}
+            if labels.get(SERVICE_NAME) == name and labels.get(MANAGED_BY) == CONTROLLER_NAME:
+                result.append(slice_)
+        return result
+
+    def _desired(self, service: dict[str, Any]) -> list[tuple[Ports | None, list[Any] | None]]:
+        """(ports, endpoints) per slice: grouped by resolved ports, 100 endpoints at most."""
+        spec = service.get("spec") or {}
+        publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
+        service_ports = spec.get("ports") or []
+        groups: dict[str, tuple[Ports, list[dict[str, Any]]]] = {}
+        for pod in self.selected.pods(service):
+            if not common.eligible(pod, include_terminating=True):
+                continue
+            ports: Ports = []
+            for service_port in service_ports:
+                number = common.resolve_port(pod, service_port)
+                if number is None:
+                    continue
+                port: dict[str, Any] = {
+                    "name": service_port.get("name", ""),
+                    "port": number,
+                    "protocol": service_port.get("protocol", "TCP"),
+                }
+                if service_port.get("appProtocol"):
+                    port["appProtocol"] = service_port["appProtocol"]
+                ports.append(port)
+            if service_ports and not ports:
+                continue
+            terminating = bool(pod["metadata"].get("deletionTimestamp"))
+            serving = publish_not_ready or scheduling.pod_ready(pod)
+            endpoint: dict[str, Any] = {
+                "addresses": [common.pod_ip(pod)],
+                "conditions": {
+                    "ready": serving and not terminating,
+                    "serving": serving,
+                    "terminating": terminating,
+                },
+            }
+            host = common.hostname(pod, service)
+            if host:
+                endpoint["hostname"] = host
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            if node_name:
+                endpoint["nodeName"] = node_name
+                node = self.store.peek(NODE_KEY, "", node_name)
+                zone = ((node.obj["metadata"].get("labels") or {}) if node else {}).get(ZONE_LABEL)
+                if zone:
+                    endpoint["zone"] = zone
+            endpoint["targetRef"] = common.target_ref(pod)
+            key = _ports_key(ports)
+            groups.setdefault(key, (ports, []))[1].append(endpoint)
+        if not groups:
+            # A placeholder keeps the Service visible to consumers that watch slices.
+            return [(None, None)]
+        result: list[tuple[Ports | None, list[Any] | None]] = []
+        for key in sorted(groups):
+            ports, endpoint_list = groups[key]
+            endpoint_list.sort(key=lambda e: common.ip_sort_key(e["addresses"][0]))
+            for start in range(0, len(endpoint_list), MAX_ENDPOINTS):
+                result.append((ports or None, endpoint_list[start : start + MAX_ENDPOINTS]))
+        return result
+
+
+def _ports_key(ports: Ports | None) -> str:
+    # Called per endpoint: a joined string is much cheaper than JSON and orders the same way
+    # for the usual single-port Services.
+    return "|".join(
+        f"{p.get('name', '')}/{p.get('port', 0)}/{p.get('protocol', '')}/{p.get('appProtocol', '')}"
+        for p in sorted(ports or [], key=lambda p: (p.get("name", ""), p.get("port", 0)))
+    )
+
+
+def _owner(service: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "name": service["metadata"]["name"],
+        "uid": service["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
