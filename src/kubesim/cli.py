@@ -24,12 +24,35 @@ def serve(
     ),
     nodes: int = typer.Option(0, min=0, help="Create this many plain worker nodes."),
     instant: bool = typer.Option(False, help="Kubelet without delays (for scale runs)."),
+    authentication: bool = typer.Option(
+        True,
+        help="Require a bearer token (the kubeconfig written carries the admin's); "
+        "--no-authentication runs every request as the admin.",
+    ),
+    authorization: str = typer.Option(
+        "open", help="open: everything allowed; rbac: Roles and bindings are enforced."
+    ),
+    anonymous: bool = typer.Option(
+        False, help="Serve requests without a token as system:anonymous instead of 401."
+    ),
 ) -> None:
     """Run kubesim until interrupted."""
-    asyncio.run(_serve(port, kubeconfig_out, nodes, instant))
+    if authorization not in ("open", "rbac"):
+        raise typer.BadParameter("choose open or rbac", param_hint="--authorization")
+    asyncio.run(
+        _serve(port, kubeconfig_out, nodes, instant, authentication, authorization, anonymous)
+    )
 
 
-async def _serve(port: int, kubeconfig_out: Path | None, nodes: int, instant: bool) -> None:
+async def _serve(
+    port: int,
+    kubeconfig_out: Path | None,
+    nodes: int,
+    instant: bool,
+    authentication: bool = True,
+    authorization: str = "open",
+    anonymous: bool = False,
+) -> None:
     from kubesim.cluster import Cluster
     from kubesim.controllers.kubelet import KubeletConfig
 
@@ -39,7 +62,13 @@ async def _serve(port: int, kubeconfig_out: Path | None, nodes: int, instant: bo
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with Cluster(
-        nodes=nodes, port=port, kubeconfig_path=kubeconfig_out, kubelet=config
+        nodes=nodes,
+        port=port,
+        kubeconfig_path=kubeconfig_out,
+        kubelet=config,
+        authorization=authorization,
+        authentication=authentication,
+        anonymous=anonymous,
     ) as sim:
         typer.echo(f"kubesim serving {sim.url} (kubeconfig: {sim.kubeconfig_path})", err=True)
         typer.echo(sim.url, err=False)

@@ -14,19 +14,31 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import errors
+from kubesim import errors, service_ips
+from kubesim.auth import Auth
+from kubesim.clock import Clock
 from kubesim.controllers.base import Controller
+from kubesim.controllers.clusterrole_aggregation import ClusterRoleAggregationController
+from kubesim.controllers.cronjob import CronJobController
 from kubesim.controllers.daemonset import DaemonSetController
-from kubesim.controllers.deployment import DeploymentController, ReplicaSetController, Scheduler
+from kubesim.controllers.deployment import DeploymentController, ReplicaSetController
 from kubesim.controllers.disruption import DisruptionController
+from kubesim.controllers.endpoints import EndpointsController
+from kubesim.controllers.endpointslice import EndpointSliceController
 from kubesim.controllers.events import EventRecorder
 from kubesim.controllers.garbage_collector import GarbageCollector
+from kubesim.controllers.job import JobController
 from kubesim.controllers.kubelet import Kubelet, KubeletConfig, PodRunner, RunnerRegistration
 from kubesim.controllers.namespace import NamespaceController
+from kubesim.controllers.scheduler import Scheduler
+from kubesim.controllers.statefulset import StatefulSetController
+from kubesim.controllers.ttl_after_finished import TTLAfterFinishedController
+from kubesim.controllers.volumes import NodeFilesystems
 from kubesim.faults import Faults
 from kubesim.server import ApiServer
 from kubesim.stats import Stats
 from kubesim.store import Store
+from kubesim.tls import ServingCertificate
 
 ALL_CONTROLLERS = (
     "namespace",
@@ -37,17 +49,30 @@ ALL_CONTROLLERS = (
     "scheduler",
     "disruption",
     "kubelet",
+    "clusterrole-aggregation",
+    "job",
+    "ttl-after-finished",
+    "cronjob",
+    "statefulset",
+    "endpoint",
+    "endpointslice",
 )
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 
-def kubeconfig(url: str, name: str = "kubesim") -> dict[str, Any]:
-    """A kubeconfig document for a plain-HTTP kubesim server."""
+def kubeconfig(
+    url: str, name: str = "kubesim", token: str = "kubesim", ca_data: str | None = None
+) -> dict[str, Any]:
+    """A kubeconfig document for a kubesim server, authenticating with `token` (sent by kubectl
+    only over HTTPS, whose CA `ca_data` is then)."""
+    cluster: dict[str, Any] = {"server": url}
+    if ca_data:
+        cluster["certificate-authority-data"] = ca_data
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": url}}],
-        "users": [{"name": name, "user": {"token": "kubesim"}}],
+        "clusters": [{"name": name, "cluster": cluster}],
+        "users": [{"name": name, "user": {"token": token}}],
         "contexts": [
             {"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}
         ],
@@ -73,6 +98,12 @@ class Cluster:
         bookmark_interval: float = 5.0,
         seed: int | None = None,
         events: bool = True,
+        work_dir: Path | str | None = None,
+        node_filesystems: bool = True,
+        authorization: str = "open",
+        authentication: bool | None = None,
+        anonymous: bool = False,
+        tls: bool | None = None,
     ) -> None:
         enabled = set(ALL_CONTROLLERS if controllers is None else controllers)
         unknown = enabled - set(ALL_CONTROLLERS)
@@ -88,14 +119,30 @@ class Cluster:
         self.store = Store(history=history)
         self.stats = Stats()
         self.faults = Faults(self.store, seed=seed)
+        # "open" allows everything (AlwaysAllow); "rbac" enforces RBAC with bearer tokens.
+        self.auth = Auth(
+            self.store,
+            authorization=authorization,
+            authentication=authentication,
+            anonymous=anonymous,
+        )
+        # HTTPS whenever tokens matter: client-go never sends a bearer token over plain HTTP.
+        self.tls = (
+            ServingCertificate(host) if (self.auth.authentication if tls is None else tls) else None
+        )
         self.server = ApiServer(
             self.store,
             stats=self.stats,
             faults=self.faults,
             version=version,
             bookmark_interval=bookmark_interval,
+            auth=self.auth,
         )
         self._requested_kubeconfig = Path(kubeconfig_path) if kubeconfig_path else None
+        # Node root directories live under `<work_dir>/nodes` (a temporary directory by default).
+        self._requested_work_dir = Path(work_dir) if work_dir else None
+        # False skips node trees and pod volumes entirely (scale runs; runners get no files).
+        self.node_filesystems = node_filesystems
         self._tempdir: str | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -104,6 +151,10 @@ class Cluster:
         self.events = EventRecorder(self.store, enabled=events)
         self.kubelet = Kubelet(self.store, self.kubelet_config)
         self.kubelet.events = self.events
+        # Logs, exec, attach, port-forward and proxy read the kubelet's container runtime.
+        self.server.streaming.runtime = self.kubelet.runtime
+        # Time-driven controllers read this clock; tests move it with `sim.clock.advance(s)`.
+        self.clock = Clock()
 
     async def __aenter__(self) -> Cluster:
         await self.start()
@@ -116,20 +167,36 @@ class Cluster:
         """Start the API server, write the kubeconfig, create namespaces, start controllers."""
         self._runner = web.AppRunner(self.server.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(
+            self._runner,
+            self.host,
+            self.port,
+            ssl_context=self.tls.server_context() if self.tls else None,
+        )
         await site.start()
         server = site._server
         assert server is not None
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1]
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
         if self._requested_kubeconfig is not None:
             self.kubeconfig_path = self._requested_kubeconfig
         else:
             self._tempdir = tempfile.mkdtemp(prefix="kubesim-")
             self.kubeconfig_path = Path(self._tempdir) / "kubeconfig"
         self.kubeconfig_path.parent.mkdir(parents=True, exist_ok=True)
-        self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.url)))
+        if self._requested_work_dir is None and self._tempdir is None:
+            self._tempdir = tempfile.mkdtemp(prefix="kubesim-")
+        work_dir = self._requested_work_dir or Path(self._tempdir or ".")
+        if self.node_filesystems:
+            self.kubelet.filesystems = NodeFilesystems(
+                work_dir / "nodes", os_image=self.kubelet.os_image
+            )
+        self.auth.url = self.url
+        self.auth.ca_data = self.tls.ca_data if self.tls else None
+        self.kubeconfig_path.write_text(yaml.safe_dump(self.auth.kubeconfig(self.auth.admin_token)))
+        if self.auth.mode == "rbac":
+            self.auth.install_bootstrap_policy()
         self.kubelet.url = self.url
         self.kubelet.kubeconfig_path = self.kubeconfig_path
         ns_rt = self.store.registry.resolve("namespaces")
@@ -138,15 +205,23 @@ class Cluster:
                 self.store.insert(
                     ns_rt, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
                 )
+        service_ips.ensure_kubernetes_service(self.store, self.host, self.port)
         factories: dict[str, Callable[[], Controller]] = {
             "namespace": lambda: NamespaceController(self.store),
             "garbage-collector": lambda: GarbageCollector(self.store),
             "daemonset": lambda: DaemonSetController(self.store),
-            "deployment": lambda: DeploymentController(self.store),
+            "deployment": lambda: DeploymentController(self.store, self.clock),
             "replicaset": lambda: ReplicaSetController(self.store),
             "scheduler": lambda: Scheduler(self.store),
             "disruption": lambda: DisruptionController(self.store),
             "kubelet": lambda: self.kubelet,
+            "clusterrole-aggregation": lambda: ClusterRoleAggregationController(self.store),
+            "job": lambda: JobController(self.store, self.clock),
+            "ttl-after-finished": lambda: TTLAfterFinishedController(self.store, self.clock),
+            "cronjob": lambda: CronJobController(self.store, self.clock),
+            "statefulset": lambda: StatefulSetController(self.store),
+            "endpoint": lambda: EndpointsController(self.store),
+            "endpointslice": lambda: EndpointSliceController(self.store),
         }
         for name in ALL_CONTROLLERS:
             if name in self.enabled:
@@ -170,6 +245,9 @@ class Cluster:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.kubelet.filesystems is not None:
+            self.kubelet.filesystems.remove_all()
+            self.kubelet.filesystems = None
         if self._tempdir:
             shutil.rmtree(self._tempdir, ignore_errors=True)
             self._tempdir = None
@@ -189,6 +267,7 @@ class Cluster:
         """Register a node as its kubelet would (status, capacity, nodeInfo, Lease)."""
         node = self.kubelet.node_object(name, labels, capacity, node_info, taints)
         stored = self.store.insert(self.store.registry.resolve("nodes"), node)
+        self.kubelet.node_registered(name, ready=ready)
         self.kubelet.ensure_lease(name)
         if not ready:
             self.kubelet.set_node_ready(name, False)
@@ -203,6 +282,10 @@ class Cluster:
     def set_node_ready(self, name: str, ready: bool) -> None:
         """Make a node Ready or NotReady (NotReady stops its pods' runners until Ready again)."""
         self.kubelet.set_node_ready(name, ready)
+
+    def node_root(self, name: str) -> Path:
+        """The node's root directory (its `/`): hostPath volumes of its pods live here."""
+        return self.kubelet.node_root(name)
 
     def register_pod_runner(
         self,

@@ -1,20 +1,19 @@
-"""Server-side defaulting and basic validation the real API server performs on built-in kinds."""
+"""Server-side defaulting the real API server performs on built-in kinds.
+
+Facts recorded here come from the API's defaulting functions (v1.35): containers get a pull policy
+(Always for `:latest` or untagged images) and termination-message settings; probes get
+timeoutSeconds 1, periodSeconds 10, successThreshold 1, failureThreshold 3, and HTTP probe and
+lifecycle handlers path "/" and scheme HTTP; configMap, secret, downwardAPI and projected volumes
+get defaultMode 0644 (420); a volume without a source becomes an emptyDir; pods (not templates)
+get requests copied from limits where only a limit is given.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from kubesim import errors
+from kubesim import validation
 from kubesim.resources import ResourceType
-
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-# Kinds whose names must be DNS-1123 labels rather than subdomains.
-_LABEL_NAMED = {"Namespace", "Service"}
-# RBAC kinds accept path-segment names such as "system:controller:foo".
-_PATH_SEGMENT_NAMED = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-
 
 # Status the real server reports right after create (required fields of these kinds' status).
 _INITIAL_STATUS: dict[str, dict[str, Any]] = {
@@ -33,30 +32,38 @@ _INITIAL_STATUS: dict[str, dict[str, Any]] = {
         "desiredHealthy": 0,
         "expectedPods": 0,
     },
+    "PersistentVolumeClaim": {"phase": "Pending"},
+    "PersistentVolume": {"phase": "Pending"},
+    "ReplicationController": {"replicas": 0},
 }
+DEFAULT_MODE = 0o644  # 420, what the server stores for projected files without a mode
+_MODE_VOLUMES = ("configMap", "secret", "downwardAPI", "projected")
+_VOLUME_SOURCES = validation.core.VOLUME_SOURCES
+_RBAC_GROUP = "rbac.authorization.k8s.io"
 
 
 def validate_name(rt: ResourceType, name: str) -> None:
     """Reject names the real server rejects, with a 422 naming metadata.name."""
-    if rt.kind in _PATH_SEGMENT_NAMED:
-        ok = bool(name) and name not in (".", "..") and "/" not in name and "%" not in name
-        limit = 253
-    elif rt.kind in _LABEL_NAMED:
-        ok = bool(_LABEL.match(name))
-        limit = 63
-    else:
-        ok = bool(_SUBDOMAIN.match(name))
-        limit = 253
-    if not ok or len(name) > limit:
-        raise errors.invalid(
-            rt.kind,
-            rt.group,
-            name,
-            [("metadata.name", f"Invalid value: {name!r}: must be a lowercase RFC 1123 name")],
-        )
+    validation.validate_name(rt, name)
 
 
-def _container_defaults(container: dict[str, Any]) -> None:
+def _http_get_defaults(action: Any) -> None:
+    if isinstance(action, dict):
+        action.setdefault("path", "/")
+        action.setdefault("scheme", "HTTP")
+
+
+def _probe_defaults(probe: Any) -> None:
+    if not isinstance(probe, dict):
+        return
+    probe.setdefault("timeoutSeconds", 1)
+    probe.setdefault("periodSeconds", 10)
+    probe.setdefault("successThreshold", 1)
+    probe.setdefault("failureThreshold", 3)
+    _http_get_defaults(probe.get("httpGet"))
+
+
+def _container_defaults(container: dict[str, Any], host_network: bool) -> None:
     image = str(container.get("image", ""))
     tag = image.rsplit("/", 1)[-1]
     latest = "@" not in image and (":" not in tag or tag.endswith(":latest"))
@@ -66,6 +73,40 @@ def _container_defaults(container: dict[str, Any]) -> None:
     container.setdefault("resources", {})
     for port in container.get("ports") or []:
         port.setdefault("protocol", "TCP")
+        # With the host's network a container port is a host port.
+        if host_network and port.get("containerPort") and not port.get("hostPort"):
+            port["hostPort"] = port["containerPort"]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        _probe_defaults(container.get(probe))
+    lifecycle = container.get("lifecycle")
+    if isinstance(lifecycle, dict):
+        for hook in ("postStart", "preStop"):
+            if isinstance(lifecycle.get(hook), dict):
+                _http_get_defaults(lifecycle[hook].get("httpGet"))
+    for var in container.get("env") or []:
+        source = var.get("valueFrom") if isinstance(var, dict) else None
+        if not isinstance(source, dict):
+            continue
+        if isinstance(source.get("fieldRef"), dict):
+            source["fieldRef"].setdefault("apiVersion", "v1")
+        if isinstance(source.get("resourceFieldRef"), dict):
+            source["resourceFieldRef"].setdefault("divisor", "0")
+
+
+def _volume_defaults(volume: dict[str, Any]) -> None:
+    if not any(volume.get(source) is not None for source in _VOLUME_SOURCES):
+        volume["emptyDir"] = {}
+    for source in _MODE_VOLUMES:
+        if isinstance(volume.get(source), dict):
+            volume[source].setdefault("defaultMode", DEFAULT_MODE)
+    if isinstance(volume.get("hostPath"), dict):
+        volume["hostPath"].setdefault("type", "")
+    projected = volume.get("projected")
+    if isinstance(projected, dict):
+        for item in projected.get("sources") or []:
+            token = item.get("serviceAccountToken") if isinstance(item, dict) else None
+            if isinstance(token, dict):
+                token.setdefault("expirationSeconds", 3600)
 
 
 def pod_spec_defaults(spec: dict[str, Any]) -> None:
@@ -75,11 +116,29 @@ def pod_spec_defaults(spec: dict[str, Any]) -> None:
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("securityContext", {})
     spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("enableServiceLinks", True)
+    host_network = bool(spec.get("hostNetwork"))
     for key in ("containers", "initContainers"):
         for container in spec.get(key) or []:
-            _container_defaults(container)
+            if isinstance(container, dict):
+                _container_defaults(container, host_network)
+    for volume in spec.get("volumes") or []:
+        if isinstance(volume, dict):
+            _volume_defaults(volume)
     if spec.get("serviceAccountName"):
         spec.setdefault("serviceAccount", spec["serviceAccountName"])
+
+
+def _requests_from_limits(spec: dict[str, Any]) -> None:
+    # Only pods get this, not templates: a resource with a limit and no request requests it.
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict) or not resources.get("limits"):
+                continue
+            requests = resources.setdefault("requests", {})
+            for name, amount in resources["limits"].items():
+                requests.setdefault(name, amount)
 
 
 def _template_defaults(obj: dict[str, Any]) -> None:
@@ -111,16 +170,36 @@ def qos_class(spec: dict[str, Any]) -> str:
 def apply_create_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
     """Fill in the defaults the real server adds on create."""
     kind = rt.kind if not rt.from_crd else ""
-    spec = obj.get("spec")
     if kind == "Pod":
         pod_spec = obj.setdefault("spec", {})
-        pod_spec_defaults(pod_spec)
+        _spec_defaults(kind, obj)
         obj["status"] = {"phase": "Pending", "qosClass": qos_class(pod_spec)}
     elif kind == "Namespace":
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj["status"] = {"phase": "Active"}
         labels = obj["metadata"].setdefault("labels", {})
         labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+    elif kind == "Node":
+        obj.setdefault("spec", {})
+    else:
+        _spec_defaults(kind, obj)
+    # `status: {}` (a protobuf client's zero struct) is as unset as a missing status.
+    if kind in _INITIAL_STATUS and not obj.get("status"):
+        obj["status"] = dict(_INITIAL_STATUS[kind])
+
+
+def apply_update_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Defaults applied to every update body too (the real server defaults each decoded body)."""
+    if rt.from_crd:
+        return
+    _spec_defaults(rt.kind, obj)
+
+
+def _spec_defaults(kind: str, obj: dict[str, Any]) -> None:
+    spec = obj.get("spec")
+    if kind == "Pod" and isinstance(spec, dict):
+        pod_spec_defaults(spec)
+        _requests_from_limits(spec)
     elif kind == "DaemonSet" and isinstance(spec, dict):
         strategy = spec.setdefault("updateStrategy", {"type": "RollingUpdate"})
         if strategy.get("type", "RollingUpdate") == "RollingUpdate":
@@ -134,28 +213,106 @@ def apply_create_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
         spec.setdefault("replicas", 1)
         if kind == "Deployment":
             strategy = spec.setdefault("strategy", {"type": "RollingUpdate"})
+            # An empty strategy (what a protobuf client's zero struct decodes to) defaults too.
+            if isinstance(strategy, dict) and not strategy.get("type"):
+                strategy["type"] = "RollingUpdate"
             if strategy.get("type") == "RollingUpdate":
                 strategy.setdefault("rollingUpdate", {"maxUnavailable": "25%", "maxSurge": "25%"})
             spec.setdefault("revisionHistoryLimit", 10)
             spec.setdefault("progressDeadlineSeconds", 600)
+        elif kind == "StatefulSet":
+            _stateful_set_defaults(spec)
         _template_defaults(obj)
+    elif kind == "ReplicationController" and isinstance(spec, dict):
+        spec.setdefault("replicas", 1)
+        labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if labels:
+            spec.setdefault("selector", dict(labels))
+            if not obj["metadata"].get("labels"):
+                obj["metadata"]["labels"] = dict(labels)
+        _template_defaults(obj)
+    elif kind == "Job" and isinstance(spec, dict):
+        _job_defaults(spec)
+        _template_defaults(obj)
+    elif kind == "CronJob" and isinstance(spec, dict):
+        spec.setdefault("concurrencyPolicy", "Allow")
+        spec.setdefault("suspend", False)
+        spec.setdefault("successfulJobsHistoryLimit", 3)
+        spec.setdefault("failedJobsHistoryLimit", 1)
+        job_template = spec.get("jobTemplate")
+        if isinstance(job_template, dict) and isinstance(job_template.get("spec"), dict):
+            _template_defaults(job_template)
     elif kind == "Service" and isinstance(spec, dict):
         spec.setdefault("type", "ClusterIP")
         spec.setdefault("sessionAffinity", "None")
         for port in spec.get("ports") or []:
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
-    elif kind == "Node":
-        obj.setdefault("spec", {})
-    if kind in _INITIAL_STATUS and "status" not in obj:
-        obj["status"] = dict(_INITIAL_STATUS[kind])
+    elif kind == "Secret":
+        obj.setdefault("type", "Opaque")
+    elif kind in ("PersistentVolumeClaim", "PersistentVolume") and isinstance(spec, dict):
+        spec.setdefault("volumeMode", "Filesystem")
+        if kind == "PersistentVolume":
+            spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
+    elif kind == "PriorityClass":
+        obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    elif kind == "EndpointSlice":
+        for port in obj.get("ports") or []:
+            if isinstance(port, dict):
+                port.setdefault("protocol", "TCP")
+    elif kind in ("RoleBinding", "ClusterRoleBinding"):
+        for subject in obj.get("subjects") or []:
+            user_or_group = isinstance(subject, dict) and subject.get("kind") in ("User", "Group")
+            if user_or_group and not subject.get("apiGroup"):
+                subject["apiGroup"] = _RBAC_GROUP
+    elif kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        for webhook in obj.get("webhooks") or []:
+            if isinstance(webhook, dict):
+                _webhook_defaults(webhook, mutating=kind.startswith("Mutating"))
 
 
-def apply_update_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
-    """Defaults re-applied on update so templates stay normalised."""
-    if rt.from_crd:
-        return
-    if rt.kind == "Pod" and isinstance(obj.get("spec"), dict):
-        pod_spec_defaults(obj["spec"])
-    elif rt.kind in ("DaemonSet", "Deployment", "ReplicaSet", "StatefulSet"):
-        _template_defaults(obj)
+def _stateful_set_defaults(spec: dict[str, Any]) -> None:
+    spec.setdefault("podManagementPolicy", "OrderedReady")
+    strategy = spec.setdefault("updateStrategy", {"type": "RollingUpdate"})
+    if isinstance(strategy, dict):
+        strategy.setdefault("type", "RollingUpdate")
+        if strategy["type"] == "RollingUpdate":
+            rolling = strategy.setdefault("rollingUpdate", {})
+            if isinstance(rolling, dict):
+                rolling.setdefault("partition", 0)
+    spec.setdefault("revisionHistoryLimit", 10)
+    retention = spec.setdefault("persistentVolumeClaimRetentionPolicy", {})
+    if isinstance(retention, dict):
+        retention.setdefault("whenDeleted", "Retain")
+        retention.setdefault("whenScaled", "Retain")
+
+
+def _job_defaults(spec: dict[str, Any]) -> None:
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = 1
+    spec.setdefault("parallelism", 1)
+    # With per-index backoff the global limit is effectively unlimited (max int32).
+    spec.setdefault(
+        "backoffLimit", 2147483647 if spec.get("backoffLimitPerIndex") is not None else 6
+    )
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    spec.setdefault(
+        "podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed"
+    )
+
+
+def _webhook_defaults(webhook: dict[str, Any], *, mutating: bool) -> None:
+    webhook.setdefault("failurePolicy", "Fail")
+    webhook.setdefault("matchPolicy", "Equivalent")
+    webhook.setdefault("namespaceSelector", {})
+    webhook.setdefault("objectSelector", {})
+    webhook.setdefault("timeoutSeconds", 10)
+    if mutating:
+        webhook.setdefault("reinvocationPolicy", "Never")
+    for rule in webhook.get("rules") or []:
+        if isinstance(rule, dict):
+            rule.setdefault("scope", "*")
+    service = (webhook.get("clientConfig") or {}).get("service")
+    if isinstance(service, dict):
+        service.setdefault("port", 443)

@@ -1,44 +1,249 @@
-"""Field sets in the `FieldsV1` format and the ownership bookkeeping of `managedFields`.
+"""Field sets in the `FieldsV1` format, the set algebra of structured-merge-diff, and the wire form
+of `metadata.managedFields`.
 
-A field set is a nested dict keyed by `f:<field>`, `k:<merge-key json>` (list item by key),
-`v:<json>` (set member) and `.` (the list item itself); an empty dict is an owned leaf.
+A field set is a nested dict keyed by path elements: `f:<field>`, `k:<key json>` (a keyed list
+item), `v:<json>` (a set member) and `i:<index>`; inside an element, `.` marks the element itself
+as a member, and an empty dict is a member without children. Sets are never mutated once built:
+operations return their inputs (or shared subtrees) when nothing changes, so they cost time in
+proportion to the smaller operand rather than deep copies.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from kubesim.typed import MERGE_KEYS, SET_LISTS
 
 FieldSet = dict[str, Any]
 Path = tuple[str, ...]
 
-# Built-in lists merged by key (the `patchMergeKey` of the real types); everything else is atomic.
-MERGE_KEYS: dict[str, tuple[str, ...]] = {
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "ephemeralContainers": ("name",),
-    "env": ("name",),
-    "volumes": ("name",),
-    "volumeMounts": ("mountPath",),
-    "volumeDevices": ("devicePath",),
-    "imagePullSecrets": ("name",),
-    "conditions": ("type",),
-    "addresses": ("type",),
-    "ownerReferences": ("uid",),
-    "hostAliases": ("ip",),
-    "topologySpreadConstraints": ("topologyKey",),
-    "ports": ("containerPort", "port"),
-}
-# Primitive lists merged as sets.
-SET_LISTS = {"finalizers"}
-_METADATA_FIELDS = ("labels", "annotations", "finalizers", "ownerReferences")
+__all__ = [
+    "MERGE_KEYS",
+    "SET_LISTS",
+    "FieldSet",
+    "Path",
+    "canonical",
+    "difference",
+    "has_children",
+    "intersection",
+    "is_member",
+    "iterate",
+    "list_strategy",
+    "path_string",
+    "record_update",
+    "union",
+]
+
+SELF = "."
+
+
+def is_member(node: Mapping[str, Any] | None) -> bool:
+    """Whether a node (the value under a path element) marks its element as a member."""
+    return node is not None and (not node or SELF in node)
+
+
+def has_children(node: Mapping[str, Any] | None) -> bool:
+    """Whether a node has members below it."""
+    return node is not None and len(node) > (1 if SELF in node else 0)
+
+
+def _member(node: Mapping[str, Any], root: bool) -> bool:
+    return not root and (not node or SELF in node)
+
+
+def _shape_node(result: FieldSet, member: bool, root: bool) -> FieldSet | None:
+    """Fix up the `.` marker of a rebuilt node; None when nothing is left of it."""
+    if root:
+        result.pop(SELF, None)
+        return result
+    if not any(k != SELF for k in result):
+        return {} if member else None
+    if member:
+        result[SELF] = {}
+    else:
+        result.pop(SELF, None)
+    return result
+
+
+def union(a: FieldSet, b: FieldSet) -> FieldSet:
+    """Paths in either set (both are whole sets: the root itself is never a member)."""
+    return _union(a, b, True)
+
+
+def _union(a: FieldSet, b: FieldSet, root: bool = False) -> FieldSet:
+    if a is b or a == b:
+        return a
+    a_member = _member(a, root)
+    member = a_member or _member(b, root)
+    result: FieldSet | None = None
+    for key, sub in b.items():
+        if key == SELF:
+            continue
+        mine = a.get(key)
+        if mine is None:
+            merged = sub
+        else:
+            merged = _union(mine, sub)
+            if merged is mine:
+                continue
+        if result is None:
+            result = dict(a)
+        result[key] = merged
+    if result is None:
+        if member == a_member:
+            return a
+        result = dict(a)
+    shaped = _shape_node(result, member, root)
+    return {} if shaped is None else shaped
+
+
+def difference(a: FieldSet, b: FieldSet) -> FieldSet:
+    """Paths of `a` not in `b`, element by element (a parent minus a child keeps the parent)."""
+    result = _difference(a, b, True)
+    return {} if result is None else result
+
+
+def _difference(a: FieldSet, b: FieldSet, root: bool = False) -> FieldSet | None:
+    if a is b or a == b:
+        return {} if root else None
+    a_member = _member(a, root)
+    member = a_member and not _member(b, root)
+    result: FieldSet | None = None
+    if b:
+        # Walk whichever side is smaller: a few removed paths cost little in a large set.
+        common = [k for k in b if k in a] if len(b) < len(a) else [k for k in a if k in b]
+        for key in common:
+            if key == SELF:
+                continue
+            sub, other = a[key], b[key]
+            rest = _difference(sub, other)
+            if rest is sub:
+                continue
+            if result is None:
+                result = dict(a)
+            if rest is None:
+                del result[key]
+            else:
+                result[key] = rest
+    if result is None:
+        if member == a_member:
+            return a
+        result = dict(a)
+    return _shape_node(result, member, root)
+
+
+def intersection(a: FieldSet, b: FieldSet) -> FieldSet:
+    """Paths in both sets."""
+    result = _intersection(a, b, True)
+    return {} if result is None else result
+
+
+def _intersection(a: FieldSet, b: FieldSet, root: bool = False) -> FieldSet | None:
+    if a is b or a == b:
+        return a
+    member = _member(a, root) and _member(b, root)
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    result: FieldSet = {}
+    for key, sub in small.items():
+        if key == SELF:
+            continue
+        other = large.get(key)
+        if other is None:
+            continue
+        both = _intersection(sub, other)
+        if both is not None:
+            result[key] = both
+    return _shape_node(result, member, root)
+
+
+def iterate(fs: FieldSet, prefix: Path = ()) -> Iterator[Path]:
+    """Every member path, members of a node before its children's members (preorder)."""
+    nodes = sorted(((k, v) for k, v in fs.items() if k != SELF), key=lambda kv: _order(kv[0]))
+    for key, sub in nodes:
+        if is_member(sub):
+            yield (*prefix, key)
+    for key, sub in nodes:
+        if has_children(sub):
+            yield from iterate(sub, (*prefix, key))
+
+
+def canonical(fs: FieldSet) -> FieldSet:
+    """The set with `.` first and elements in the server's order (fields, keys, values, indexes)."""
+    result: FieldSet = {SELF: {}} if SELF in fs else {}
+    names = sorted(k for k in fs if k != SELF)
+    if names and not names[-1].startswith("f:"):
+        # Fields sort as plain strings and come first; keys and values sort by their values.
+        first = next(i for i, k in enumerate(names) if not k.startswith("f:"))
+        names[first:] = sorted(names[first:], key=_order)
+    for key in names:
+        sub = fs[key]
+        result[key] = canonical(sub) if sub else sub
+    return result
+
+
+_TYPE_RANK = {"f": 0, "k": 1, "v": 2, "i": 3}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _order(element: str) -> tuple[int, Any]:
+    kind, _, text = element.partition(":")
+    rank = _TYPE_RANK.get(kind, 4)
+    if kind == "f":
+        return (rank, text)
+    if kind == "i":
+        return (rank, int(text) if text.isdigit() else text)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return (rank, (9, text))
+    if kind == "k" and isinstance(value, dict):
+        return (rank, tuple((name, _value_order(v)) for name, v in value.items()))
+    return (rank, _value_order(value))
+
+
+def _value_order(value: Any) -> tuple[int, Any]:
+    # Numbers, then strings, booleans, lists, maps and null, as the server's value ordering.
+    if isinstance(value, bool):
+        return (2, value)
+    if isinstance(value, int | float):
+        return (0, value)
+    if isinstance(value, str):
+        return (1, value)
+    if isinstance(value, list):
+        return (3, json.dumps(value, sort_keys=True))
+    if isinstance(value, dict):
+        return (4, json.dumps(value, sort_keys=True))
+    return (5, 0)
+
+
+def path_string(path: Path) -> str:
+    """A path as the server prints it: `.spec.containers[name="x"].ports[containerPort=80,...]`."""
+    out = []
+    for element in path:
+        kind, _, text = element.partition(":")
+        if kind == "f":
+            out.append("." + text)
+        elif kind == "k":
+            pairs = json.loads(text)
+            out.append(
+                "["
+                + ",".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in pairs.items())
+                + "]"
+            )
+        elif kind == "v":
+            out.append(f"[={text}]")
+        else:
+            out.append(f"[{text}]")
+    return "".join(out)
 
 
 def list_strategy(
     name: str, items: list[Any], schema: dict[str, Any] | None
 ) -> tuple[str, tuple[str, ...]]:
-    """How a list merges: ("map", keys), ("set", ()) or ("atomic", ())."""
+    """How strategic merge patch merges a list by name: ("map", keys), ("set", ()) or atomic."""
     if schema is not None:
         list_type = schema.get("x-kubernetes-list-type")
         if list_type == "map":
@@ -58,235 +263,6 @@ def list_strategy(
     return ("map", (candidates[0],))
 
 
-def child_schema(schema: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
-    """The schema of a property; `{}` (no knowledge, atomic lists) inside CRD-described objects."""
-    if schema is None:
-        return None
-    props = schema.get("properties") or {}
-    if name in props:
-        return dict(props[name])
-    extra = schema.get("additionalProperties")
-    if isinstance(extra, dict):
-        return extra
-    return {}
-
-
-def items_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The schema of list items."""
-    if schema is None:
-        return None
-    items = schema.get("items")
-    return dict(items) if isinstance(items, dict) else {}
-
-
-def item_key(item: Any, keys: tuple[str, ...]) -> str:
-    """The `k:` path element of a keyed list item."""
-    if not isinstance(item, dict):
-        return "v:" + json.dumps(item, separators=(",", ":"))
-    return "k:" + json.dumps({k: item.get(k) for k in keys}, separators=(",", ":"), sort_keys=True)
-
-
-def set_key(item: Any) -> str:
-    """The `v:` path element of a set member."""
-    return "v:" + json.dumps(item, separators=(",", ":"))
-
-
-def top_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
-    """Schema for a top-level field; metadata always follows the built-in rules."""
-    if key == "metadata":
-        return None
-    return child_schema(schema, key)
-
-
-def fields_of(value: Any, name: str = "", schema: dict[str, Any] | None = None) -> FieldSet:
-    """The field set an object (or applied configuration) specifies."""
-    if isinstance(value, dict):
-        result: FieldSet = {}
-        for key, sub in value.items():
-            result["f:" + key] = fields_of(sub, key, child_schema(schema, key))
-        return result
-    if isinstance(value, list) and value:
-        strategy, keys = list_strategy(name, value, schema)
-        if strategy == "map":
-            inner = items_schema(schema)
-            return {item_key(i, keys): {".": {}, **fields_of(i, "", inner)} for i in value}
-        if strategy == "set":
-            return {set_key(i): {} for i in value}
-    return {}
-
-
-def object_fields(obj: dict[str, Any], schema: dict[str, Any] | None, part: str | None) -> FieldSet:
-    """The field set of a whole object: selected metadata plus spec-like fields, or only status."""
-    result: FieldSet = {}
-    for key, value in obj.items():
-        if key in ("apiVersion", "kind"):
-            continue
-        if key == "metadata":
-            meta = {k: value[k] for k in _METADATA_FIELDS if isinstance(value, dict) and k in value}
-            if meta and part != "status":
-                result["f:metadata"] = fields_of(meta, "metadata", None)
-            continue
-        if (part == "status") != (key == "status"):
-            continue
-        result["f:" + key] = fields_of(value, key, top_schema(schema, key))
-    return result
-
-
-def diff(
-    old: Any, new: Any, name: str = "", schema: dict[str, Any] | None = None
-) -> tuple[FieldSet, FieldSet]:
-    """Fields set or changed in `new`, and fields present only in `old`."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        changed: FieldSet = {}
-        removed: FieldSet = {}
-        for key, value in new.items():
-            if key not in old:
-                changed["f:" + key] = fields_of(value, key, child_schema(schema, key))
-            elif old[key] != value:
-                c, r = diff(old[key], value, key, child_schema(schema, key))
-                changed["f:" + key] = c
-                if r:
-                    removed["f:" + key] = r
-        for key in old:
-            if key not in new:
-                removed["f:" + key] = {}
-        return changed, removed
-    if isinstance(old, list) and isinstance(new, list) and new:
-        strategy, keys = list_strategy(name, new, schema)
-        if strategy == "map":
-            inner = items_schema(schema)
-            old_items = {item_key(i, keys): i for i in old}
-            changed = {}
-            removed = {}
-            new_keys = set()
-            for item in new:
-                key = item_key(item, keys)
-                new_keys.add(key)
-                if key not in old_items:
-                    changed[key] = {".": {}, **fields_of(item, "", inner)}
-                elif old_items[key] != item:
-                    c, r = diff(old_items[key], item, "", inner)
-                    changed[key] = c
-                    if r:
-                        removed[key] = r
-            for key in old_items:
-                if key not in new_keys:
-                    removed[key] = {}
-            return changed, removed
-        if strategy == "set":
-            old_set = {set_key(i) for i in old}
-            new_set = {set_key(i) for i in new}
-            return {k: {} for k in new_set - old_set}, {k: {} for k in old_set - new_set}
-    return {}, {}
-
-
-def union(a: FieldSet, b: FieldSet) -> FieldSet:
-    """Fields in either set."""
-    result = dict(a)
-    for key, sub in b.items():
-        if key in result and result[key] and sub:
-            result[key] = union(result[key], sub)
-        elif key not in result or not sub:
-            # A leaf owns the whole subtree, so it absorbs any finer-grained entry.
-            result[key] = {} if (key in result and not result[key]) or not sub else sub
-    return result
-
-
-def subtract(a: FieldSet, b: FieldSet) -> FieldSet:
-    """Fields of `a` not in `b`; empty intermediate entries are dropped."""
-    result: FieldSet = {}
-    for key, sub in a.items():
-        if key not in b:
-            result[key] = sub
-            continue
-        other = b[key]
-        if not other or not sub:
-            continue
-        rest = subtract(sub, other)
-        if rest:
-            result[key] = rest
-    return result
-
-
-def overlap(a: FieldSet, b: FieldSet, prefix: Path = ()) -> Iterator[Path]:
-    """Paths owned by both sets (a leaf on either side overlaps the other's subtree)."""
-    for key, sub in a.items():
-        if key == "." or key not in b:
-            continue
-        other = b[key]
-        if not sub or not other:
-            yield (*prefix, key)
-        else:
-            yield from overlap(sub, other, (*prefix, key))
-
-
-def leaves(fs: FieldSet, prefix: Path = ()) -> Iterator[Path]:
-    """Every leaf path."""
-    for key, sub in fs.items():
-        if key == ".":
-            continue
-        if sub and set(sub) != {"."}:
-            yield from leaves(sub, (*prefix, key))
-        else:
-            yield (*prefix, key)
-
-
-_MISSING = object()
-
-
-def value_at(obj: Any, path: Path) -> Any:
-    """The value at a field-set path, or a sentinel when absent."""
-    current = obj
-    for element in path:
-        kind, _, text = element.partition(":")
-        if kind == "f" and isinstance(current, dict):
-            if text not in current:
-                return _MISSING
-            current = current[text]
-        elif kind in ("k", "v") and isinstance(current, list):
-            wanted = json.loads(text)
-            current = next((i for i in current if _item_matches(i, kind, wanted)), _MISSING)
-            if current is _MISSING:
-                return _MISSING
-        else:
-            return _MISSING
-    return current
-
-
-def _item_matches(item: Any, kind: str, wanted: Any) -> bool:
-    if kind == "v":
-        return bool(item == wanted)
-    return isinstance(item, dict) and all(item.get(k) == v for k, v in wanted.items())
-
-
-def remove_at(obj: Any, path: Path) -> None:
-    """Delete the field or list item at a path, if present."""
-    if not path:
-        return
-    parent = value_at(obj, path[:-1])
-    kind, _, text = path[-1].partition(":")
-    if kind == "f" and isinstance(parent, dict):
-        parent.pop(text, None)
-    elif kind in ("k", "v") and isinstance(parent, list):
-        wanted = json.loads(text)
-        parent[:] = [i for i in parent if not _item_matches(i, kind, wanted)]
-
-
-def path_string(path: Path) -> str:
-    """A human-readable path such as `.spec.containers[name="x"].image`."""
-    out = []
-    for element in path:
-        kind, _, text = element.partition(":")
-        if kind == "f":
-            out.append("." + text)
-        elif kind == "k":
-            pairs = ",".join(f"{k}={json.dumps(v)}" for k, v in json.loads(text).items())
-            out.append(f"[{pairs}]")
-        else:
-            out.append(f"[={text}]")
-    return "".join(out)
-
-
 def record_update(
     obj: dict[str, Any],
     old: dict[str, Any] | None,
@@ -295,58 +271,13 @@ def record_update(
     schema: dict[str, Any] | None,
     subresource: str | None,
     now: str,
+    *,
+    status_reset: bool = False,
 ) -> None:
-    """Give `manager` (operation Update) the fields it changed, taking them from other managers."""
-    meta = obj.setdefault("metadata", {})
-    entries: list[dict[str, Any]] = list(
-        (old or {}).get("metadata", {}).get("managedFields") or meta.get("managedFields") or []
+    """Give `manager` (operation Update) the fields this write set or changed; `status_reset`:
+    the kind's status is the server's on create (a status subresource), so it is not recorded."""
+    from kubesim import ssa  # ssa builds on this module's set algebra
+
+    ssa.record_update(
+        obj, old, manager, api_version, schema, subresource, now, status_reset=status_reset
     )
-    part = "status" if subresource == "status" else None
-    if old is None:
-        changed = object_fields(obj, schema, part)
-        removed: FieldSet = {}
-    else:
-        old_view = {k: v for k, v in old.items() if k != "metadata"}
-        new_view = {k: v for k, v in obj.items() if k != "metadata"}
-        old_meta = {k: v for k, v in (old.get("metadata") or {}).items() if k in _METADATA_FIELDS}
-        new_meta = {k: v for k, v in meta.items() if k in _METADATA_FIELDS}
-        old_view["metadata"], new_view["metadata"] = old_meta, new_meta
-        changed, removed = diff(old_view, new_view, "", schema)
-        changed = {k: v for k, v in changed.items() if k not in ("f:apiVersion", "f:kind")}
-    if not changed and not removed:
-        meta["managedFields"] = entries
-        if not entries:
-            meta.pop("managedFields")
-        return
-    result: list[dict[str, Any]] = []
-    mine: dict[str, Any] | None = None
-    for entry in entries:
-        fields = entry.get("fieldsV1") or {}
-        same = (
-            entry.get("manager") == manager
-            and entry.get("operation") == "Update"
-            and entry.get("subresource") == subresource
-        )
-        if same:
-            mine = entry
-            continue
-        remaining = subtract(subtract(fields, changed), removed)
-        if remaining != fields:
-            entry = {**entry, "fieldsV1": remaining}
-        if remaining:
-            result.append(entry)
-    mine_fields = subtract((mine or {}).get("fieldsV1") or {}, removed)
-    mine_fields = union(mine_fields, changed)
-    if mine_fields:
-        new_entry: dict[str, Any] = {
-            "manager": manager,
-            "operation": "Update",
-            "apiVersion": api_version,
-            "time": now,
-            "fieldsType": "FieldsV1",
-            "fieldsV1": mine_fields,
-        }
-        if subresource:
-            new_entry["subresource"] = subresource
-        result.append(new_entry)
-    meta["managedFields"] = result

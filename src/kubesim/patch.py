@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from typing import Any
 
-from kubesim import errors, managed_fields
-from kubesim.managed_fields import FieldSet, Path
+from kubesim import errors, managed_fields, request_limits, ssa
+from kubesim.protobuf import negotiation
 from kubesim.resources import ResourceType
+from kubesim.validation import duplicates
 
 MERGE = "application/merge-patch+json"
 JSON = "application/json-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 APPLY_YAML = "application/apply-patch+yaml"
 APPLY_CBOR = "application/apply-patch+cbor"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -89,6 +92,12 @@ def json_patch(doc: Any, operations: Any) -> Any:
     """RFC 6902 JSON patch; a failing `test` or missing path is 422, a malformed patch 400."""
     if not isinstance(operations, list):
         raise errors.bad_request("a JSON patch must be a list of operations")
+    limit = request_limits.MAX_JSON_PATCH_OPERATIONS
+    if len(operations) > limit:
+        raise request_limits.too_large(
+            f"The allowed maximum operations in a JSON patch is {limit}, got {len(operations)}"
+        )
+    copied = 0
     for op in operations:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise errors.bad_request(f"invalid JSON patch operation: {op!r}")
@@ -109,6 +118,16 @@ def json_patch(doc: Any, operations: Any) -> Any:
         elif kind in ("move", "copy"):
             source = _pointer(op.get("from"))
             value = _resolve(doc, source, str(op.get("from")))
+            if kind == "copy":
+                # Copies can double a document per operation; the server bounds what they add.
+                copied += len(json.dumps(value, separators=(",", ":")))
+                if copied > request_limits.MAX_JSON_PATCH_COPY_BYTES:
+                    raise errors.ApiError(
+                        422,
+                        "the server rejected our request: Unable to complete the copy, the "
+                        f"accumulated size increase of copy is {copied}, exceeding the limit "
+                        f"{request_limits.MAX_JSON_PATCH_COPY_BYTES}",
+                    )
             if kind == "move":
                 _remove(doc, source, str(op.get("from")))
             doc = _add(doc, parts, copy.deepcopy(value), path)
@@ -119,6 +138,10 @@ def json_patch(doc: Any, operations: Any) -> Any:
                 )
         else:
             raise errors.bad_request(f"unknown JSON patch operation {kind!r}")
+    if request_limits.nesting_depth(doc) > request_limits.MAX_DEPTH:
+        raise errors.ApiError(
+            422, "the server rejected our request: the patched document exceeded max depth"
+        )
     return doc
 
 
@@ -165,77 +188,48 @@ def _merge_list(original: list[Any], patch: list[Any], name: str) -> list[Any]:
     strategy, keys = managed_fields.list_strategy(name, patch or original, None)
     if strategy == "set":
         result = list(original)
-        result.extend(copy.deepcopy(i) for i in patch if i not in result)
+        present = {_identity(i) for i in result}
+        for item in patch:
+            if _identity(item) not in present:
+                present.add(_identity(item))
+                result.append(copy.deepcopy(item))
         return result
     if strategy != "map":
         return [copy.deepcopy(i) for i in patch]
     key = keys[0]
     result = [copy.deepcopy(i) for i in original]
+    # Items indexed by merge key once (the first of duplicates, as a scan would find it).
+    index: dict[str, int] = {}
+    for at, existing in enumerate(result):
+        if isinstance(existing, dict) and key in existing:
+            index.setdefault(_identity(existing[key]), at)
+    removed: set[int] = set()
     for item in patch:
         if not isinstance(item, dict):
             raise errors.bad_request(f"list {name!r} must hold objects with the merge key {key!r}")
         if key not in item:
             raise errors.bad_request(f"an item of {name!r} is missing its merge key {key!r}")
-        index = next(
-            (i for i, o in enumerate(result) if isinstance(o, dict) and o.get(key) == item[key]),
-            None,
-        )
+        wanted = _identity(item[key])
+        position = index.get(wanted)
         if item.get("$patch") == "delete":
-            if index is not None:
-                del result[index]
+            if position is not None:
+                removed.add(position)
+                del index[wanted]
             continue
-        if index is None:
+        if position is None:
+            index[wanted] = len(result)
             result.append(strategic_merge_patch({}, item, ""))
         else:
-            result[index] = strategic_merge_patch(result[index], item, "")
-    return result
+            result[position] = strategic_merge_patch(result[position], item, "")
+    return [item for i, item in enumerate(result) if i not in removed] if removed else result
+
+
+def _identity(value: Any) -> str:
+    """A hashable stand-in for a JSON value (merge keys and set members may be anything)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 # ----- server-side apply -------------------------------------------------------------------------
-
-
-def _apply_merge(current: Any, config: Any, name: str, schema: dict[str, Any] | None) -> Any:
-    if isinstance(config, dict) and isinstance(current, dict):
-        result = dict(current)
-        for key, value in config.items():
-            sub_schema = managed_fields.child_schema(schema, key)
-            if key == "metadata" and schema is not None and name == "":
-                sub_schema = None
-            if value is None:
-                result.pop(key, None)
-            else:
-                result[key] = _apply_merge(current.get(key), value, key, sub_schema)
-        return result
-    if isinstance(config, list) and isinstance(current, list):
-        strategy, keys = managed_fields.list_strategy(name, config or current, schema)
-        if strategy == "map":
-            inner = managed_fields.items_schema(schema)
-            result_list = list(current)
-            for item in config:
-                item_id = managed_fields.item_key(item, keys)
-                index = next(
-                    (
-                        i
-                        for i, o in enumerate(result_list)
-                        if managed_fields.item_key(o, keys) == item_id
-                    ),
-                    None,
-                )
-                if index is None:
-                    result_list.append(copy.deepcopy(item))
-                else:
-                    result_list[index] = _apply_merge(result_list[index], item, "", inner)
-            return result_list
-        if strategy == "set":
-            return list(current) + [copy.deepcopy(i) for i in config if i not in current]
-    return copy.deepcopy(config)
-
-
-def _path_set(path: Path) -> FieldSet:
-    result: FieldSet = {}
-    for element in reversed(path):
-        result = {element: result}
-    return result
 
 
 def server_side_apply(
@@ -255,110 +249,56 @@ def server_side_apply(
         raise errors.bad_request("apiVersion and kind must be set in an applied configuration")
     if not manager:
         raise errors.bad_request("fieldManager is required for apply requests")
-    part = "status" if subresource == "status" else None
-    applied = managed_fields.object_fields(config, rt.schema, part)
-    base: dict[str, Any] = current if current is not None else {}
-    entries = (base.get("metadata") or {}).get("managedFields") or []
-    mine: dict[str, Any] | None = None
-    others: list[dict[str, Any]] = []
-    for entry in entries:
-        if (
-            entry.get("manager") == manager
-            and entry.get("operation") == "Apply"
-            and entry.get("subresource") == subresource
-        ):
-            mine = entry
-        else:
-            others.append(dict(entry))
-    conflicts: list[tuple[dict[str, Any], Path]] = []
-    for entry in others:
-        for path in managed_fields.overlap(applied, entry.get("fieldsV1") or {}):
-            if managed_fields.value_at(base, path) != managed_fields.value_at(config, path):
-                conflicts.append((entry, path))
-    if conflicts and not force:
-        causes = [
-            {
-                "reason": "FieldManagerConflict",
-                "message": f'conflict with "{e.get("manager")}"'
-                + (f" using {e.get('apiVersion')}" if e.get("apiVersion") else ""),
-                "field": managed_fields.path_string(p),
-            }
-            for e, p in conflicts
-        ]
-        lines = "\n".join(f"- {c['message']}: {c['field']}" for c in causes)
-        plural = "conflict" if len(causes) == 1 else "conflicts"
-        raise errors.ApiError(
-            409,
-            f"Apply failed with {len(causes)} {plural}: {lines}"
-            if len(causes) > 1
-            else f"Apply failed with 1 conflict: {causes[0]['message']}: {causes[0]['field']}",
-            reason="Conflict",
-            details={
-                "name": (config.get("metadata") or {}).get("name", ""),
-                "group": rt.group,
-                "kind": rt.plural,
-                "causes": causes,
-            },
-        )
-    for entry, path in conflicts:
-        entry["fieldsV1"] = managed_fields.subtract(entry.get("fieldsV1") or {}, _path_set(path))
-    others = [e for e in others if e.get("fieldsV1")]
-    owned_by_others: FieldSet = {}
-    for entry in others:
-        owned_by_others = managed_fields.union(owned_by_others, entry.get("fieldsV1") or {})
-    result = copy.deepcopy(base) if current is not None else {}
-    dropped = managed_fields.subtract((mine or {}).get("fieldsV1") or {}, applied)
-    for path in managed_fields.leaves(dropped):
-        if not any(managed_fields.overlap(_path_set(path), owned_by_others)):
-            managed_fields.remove_at(result, path)
-    body = {k: v for k, v in config.items() if (part == "status") == (k == "status")}
-    body["apiVersion"] = config["apiVersion"]
-    body["kind"] = config["kind"]
-    meta_config = config.get("metadata") or {}
-    body["metadata"] = {
-        k: v for k, v in meta_config.items() if k not in ("managedFields", "resourceVersion")
-    }
-    result = _apply_merge(result, body, "", rt.schema)
-    if "resourceVersion" in meta_config:
+    result = ssa.apply(
+        current,
+        config,
+        crd_schema=rt.schema if rt.from_crd else None,
+        manager=manager,
+        force=force,
+        subresource=subresource,
+        status_split=rt.status_subresource,
+        stamp=stamp,
+    )
+    meta_config = config.get("metadata") if isinstance(config.get("metadata"), dict) else {}
+    # A resourceVersion in the configuration is a precondition, checked when storing.
+    if isinstance(meta_config, dict) and "resourceVersion" in meta_config:
         result["metadata"]["resourceVersion"] = meta_config["resourceVersion"]
     elif current is not None:
-        result["metadata"]["resourceVersion"] = base["metadata"].get("resourceVersion")
-    new_entry: dict[str, Any] = {
-        "manager": manager,
-        "operation": "Apply",
-        "apiVersion": config["apiVersion"],
-        "time": stamp
-        if (mine or {}).get("fieldsV1") != applied
-        else (mine or {}).get("time", stamp),
-        "fieldsType": "FieldsV1",
-        "fieldsV1": applied,
-    }
-    if subresource:
-        new_entry["subresource"] = subresource
-    result["metadata"]["managedFields"] = [new_entry, *others] if applied else others
-    if not isinstance(result, dict):
-        raise errors.bad_request("the applied configuration must be an object")
+        result["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
+    else:
+        result["metadata"].pop("resourceVersion", None)
+        if not result["metadata"].get("managedFields"):
+            result["metadata"].pop("managedFields", None)
     return result
 
 
 def decode_body(body: bytes, content_type: str) -> Any:
-    """Decode a request body as JSON, or as YAML for apply patches; malformed input is a 400."""
+    """Decode a request body as JSON, YAML (apply patches) or Kubernetes protobuf (objects and
+    options of built-in kinds); malformed input is a 400, an undecodable kind a 415."""
     if not body:
         raise errors.bad_request("the request body is empty")
+    if content_type == PROTOBUF:
+        return negotiation.decode_body(body)
     if "protobuf" in content_type or "cbor" in content_type:
         raise errors.ApiError(
             415,
             f"the body of the request was in an unknown format - accepted media types include: "
             f"application/json, application/yaml (kubesim does not decode {content_type})",
         )
+    # The loaders record duplicated keys for fieldValidation (kubesim.validation.duplicates).
     if content_type == APPLY_YAML or content_type.endswith("yaml"):
         import yaml
 
+        if body.lstrip()[:1] == b"{":
+            # kubectl and lightkube send apply configurations as JSON, which is YAML too; the
+            # JSON decoder takes milliseconds where the pure-Python YAML one takes seconds.
+            with contextlib.suppress(ValueError, UnicodeDecodeError):
+                return duplicates.loads_json(body)
         try:
-            return yaml.safe_load(body)
+            return duplicates.loads_yaml(body)
         except yaml.YAMLError as exc:
             raise errors.bad_request(f"error decoding YAML: {exc}") from exc
     try:
-        return json.loads(body)
+        return duplicates.loads_json(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise errors.bad_request(f"error decoding JSON body: {exc}") from exc

@@ -168,8 +168,35 @@ BUILTINS: tuple[ResourceType, ...] = (
         extra=[Subresource("proxy", "ServiceProxyOptions", PROXY_VERBS)],
     ),
     _rt("", "v1", "endpoints", "Endpoints", True, ["ep"]),
+    # Claims are stored (StatefulSets create them) but nothing provisions or binds volumes.
+    _rt(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        True,
+        ["pvc"],
+        status=True,
+        status_on_create=True,
+    ),
+    # Stored only, so `kubectl apply --prune` (whose default kinds include these) can list them.
+    _rt("", "v1", "persistentvolumes", "PersistentVolume", False, ["pv"], status=True),
+    _rt(
+        "",
+        "v1",
+        "replicationcontrollers",
+        "ReplicationController",
+        True,
+        ["rc"],
+        status=True,
+        generation=True,
+        categories=["all"],
+        extra=_SCALE,
+    ),
     _rt("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
     _rt("", "v1", "secrets", "Secret", True),
+    # Stored only (`kubectl create quota` works): usage is not computed and nothing is enforced.
+    _rt("", "v1", "resourcequotas", "ResourceQuota", True, ["quota"], status=True),
     _rt(
         "",
         "v1",
@@ -242,6 +269,33 @@ BUILTINS: tuple[ResourceType, ...] = (
         categories=["all"],
     ),
     _rt("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
+    # Stored only (no ingress controller); listed by `kubectl apply --prune` by default.
+    _rt(
+        "networking.k8s.io",
+        "v1",
+        "ingresses",
+        "Ingress",
+        True,
+        ["ing"],
+        status=True,
+        generation=True,
+    ),
+    _rt("networking.k8s.io", "v1", "ingressclasses", "IngressClass", False),
+    # HorizontalPodAutoscalers are stored only (no HPA controller); v2 is the storage version.
+    *(
+        ResourceType(
+            group="autoscaling",
+            version=version,
+            plural="horizontalpodautoscalers",
+            kind="HorizontalPodAutoscaler",
+            namespaced=True,
+            short_names=("hpa",),
+            categories=("all",),
+            status_subresource=True,
+            served_versions=("v2", "v1"),
+        )
+        for version in ("v2", "v1")
+    ),
     _rt("coordination.k8s.io", "v1", "leases", "Lease", True),
     _rt(
         "policy",

@@ -14,6 +14,10 @@ FIELD_VALIDATION: contextvars.ContextVar[str] = contextvars.ContextVar(
 )
 # Unknown fields pruned by the last admission, reported to clients as warnings.
 PRUNED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("pruned", default=None)
+# Paths of keys that appeared twice in the request body (the last one wins, as on the server).
+DUPLICATES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "duplicates", default=None
+)
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -44,14 +48,19 @@ def admit(rt: ResourceType, obj: dict[str, Any]) -> None:
     for field in root.get("required") or []:
         if field not in obj:
             causes.append((field, "Required value"))
-    if pruned and FIELD_VALIDATION.get() == "Strict":
-        unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
+    mode = FIELD_VALIDATION.get()
+    duplicates = DUPLICATES.get() or []
+    if (pruned or duplicates) and mode == "Strict":
+        unknown = ", ".join(
+            [f'duplicate field "{d}"' for d in duplicates]
+            + [f'unknown field "{p}"' for p in pruned]
+        )
         raise errors.bad_request(
             f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
             f"strict decoding error: {unknown}"
         )
     sink = PRUNED.get()
-    if sink is not None:
+    if sink is not None and mode == "Warn":
         sink.extend(pruned)
     if causes:
         name = (obj.get("metadata") or {}).get("name", "")

@@ -12,9 +12,22 @@ from typing import Any
 
 from aiohttp import web
 
-from kubesim import errors, openapi, patch, schema, selectors, tables
+from kubesim import (
+    errors,
+    list_options,
+    openapi,
+    openapi_v2,
+    patch,
+    request_limits,
+    scale,
+    schema,
+    selectors,
+    tables,
+)
+from kubesim.auth import REVIEW_GROUPS, Auth
 from kubesim.controllers import disruption
 from kubesim.faults import Faults
+from kubesim.protobuf import negotiation
 from kubesim.resources import (
     Registry,
     ResourceType,
@@ -24,6 +37,8 @@ from kubesim.resources import (
 )
 from kubesim.stats import Stats
 from kubesim.store import Store, Stored, dumps, now
+from kubesim.streaming import api as streaming_api
+from kubesim.validation import field_warnings
 
 log = logging.getLogger("kubesim.server")
 JSON_TYPE = "application/json"
@@ -55,15 +70,20 @@ class ApiServer:
         faults: Faults | None = None,
         version: str = "1.35.0",
         bookmark_interval: float = 5.0,
+        auth: Auth | None = None,
     ) -> None:
         self.store = store
+        self.auth = auth or Auth(store)
         self.stats = stats or Stats()
         self.faults = faults or Faults(store)
         self.version = version
         self.bookmark_interval = bookmark_interval
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        # aiohttp refuses longer bodies itself; request_limits turns that into the 413 Status.
+        self.app = web.Application(client_max_size=request_limits.MAX_BODY_BYTES)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self._streams: set[web.StreamResponse] = set()
+        # The cluster points this at the kubelet's container runtime.
+        self.streaming = streaming_api.StreamingApi(store)
 
     @property
     def registry(self) -> Registry:
@@ -74,14 +94,21 @@ class ApiServer:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Route one request; every failure becomes a Kubernetes Status body."""
         try:
-            return await self._route(request)
+            self.auth.admit(request)  # 401/403 before routing, as the real filter chain does
+            response = await self._route(request)
         except errors.ApiError as exc:
-            return self._status_response(exc)
+            response = self._status_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            limit = f"limit is {request_limits.MAX_BODY_BYTES}"
+            response = self._status_response(request_limits.too_large(limit))
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:  # a bug must still answer with a Status, never a traceback
             log.exception("internal error serving %s %s", request.method, request.path)
-            return self._status_response(errors.ApiError(500, f"internal error: {exc}"))
+            response = self._status_response(errors.ApiError(500, f"internal error: {exc}"))
+        if "protobuf" in request.headers.get("Accept", ""):
+            return negotiation.negotiate(request, response)  # JSON built, re-encoded once
+        return response
 
     def _status_response(self, exc: errors.ApiError) -> web.Response:
         headers = {}
@@ -96,14 +123,16 @@ class ApiServer:
         path = request.path.rstrip("/") or "/"
         parts = [p for p in path.split("/") if p]
         if not parts:
-            return self._json({"paths": ["/api", "/api/v1", "/apis", "/openapi/v3", "/version"]})
+            return self._json(
+                {"paths": ["/api", "/api/v1", "/apis", "/openapi/v2", "/openapi/v3", "/version"]}
+            )
         head = parts[0]
         if head == "version":
             return self._json(self._version_info())
         if head in ("healthz", "readyz", "livez"):
             return web.Response(text="ok")
         if head == "openapi":
-            return self._openapi(parts)
+            return self._openapi(parts, request)
         if head == "api":
             if len(parts) == 1:
                 return self._json(
@@ -151,13 +180,20 @@ class ApiServer:
             "platform": "linux/amd64",
         }
 
-    def _openapi(self, parts: list[str]) -> web.Response:
+    def _openapi(self, parts: list[str], request: web.Request) -> web.Response:
         if len(parts) >= 2 and parts[1] == "v3":
             if len(parts) == 2:
                 return self._json(openapi.index(self.registry))
-            document = openapi.group_version_document(self.registry, "/".join(parts[2:]))
+            document = openapi.group_version_bytes(self.registry, "/".join(parts[2:]))
             if document is not None:
-                return self._json(document)
+                return web.Response(body=document, content_type=JSON_TYPE)
+        if len(parts) == 2 and parts[1] == "v2":
+            # kubectl asks for gnostic protobuf; browsers and curl get JSON.
+            accept = request.headers.get("Accept", "")
+            protobuf = openapi_v2.MEDIA_TYPE in accept or openapi_v2.RESPONSE_TYPE in accept
+            body = openapi.v2_bytes(self.registry, protobuf=protobuf)
+            media = openapi_v2.RESPONSE_TYPE if protobuf else JSON_TYPE
+            return web.Response(body=body, headers={"Content-Type": media})
         raise errors.ApiError(404, "the server could not find the requested resource")
 
     def _target(self, group: str, version: str, rest: list[str]) -> Target:
@@ -165,7 +201,8 @@ class ApiServer:
         if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
             namespace = rest[1]
             rest = rest[2:]
-        if len(rest) > 3:
+        # Only proxy subresources take a path after them (pods/x/proxy/metrics).
+        if len(rest) > 3 and rest[2] != "proxy":
             raise errors.ApiError(404, "the server could not find the requested resource")
         rt = self.registry.get(group, version, rest[0])
         if rt is None:
@@ -196,6 +233,8 @@ class ApiServer:
     # ----- resources ---------------------------------------------------------------------------
 
     async def _resource(self, request: web.Request, target: Target) -> web.StreamResponse:
+        if streaming_api.handles(target.rt, target.name, target.subresource):
+            return await self._streaming(request, target)
         method = request.method
         query = request.query
         watch = query.get("watch") in ("true", "1")
@@ -220,21 +259,39 @@ class ApiServer:
             and verb not in ("list", "watch", "deletecollection")
         ):
             raise errors.ApiError(404, "the server could not find the requested resource")
+        await request_limits.admit_body(request, verb, rt.kind, custom=rt.from_crd)
         namespace = target.namespace or ""
-        validation = query.get("fieldValidation", "Warn")
+        field_warnings.check_directive(request.method, query.get("fieldValidation"))
+        validation = query.get("fieldValidation") or "Warn"
         token = schema.FIELD_VALIDATION.set(validation)
         pruned: list[str] = []
         pruned_token = schema.PRUNED.set(pruned)
+        duplicated: list[str] = []
+        duplicates_token = schema.DUPLICATES.set(duplicated)
         try:
             response = await self._dispatch(request, target, verb, namespace)
         finally:
             schema.FIELD_VALIDATION.reset(token)
             schema.PRUNED.reset(pruned_token)
-        if pruned and isinstance(response, web.Response):
-            response.headers["Warning"] = ", ".join(
-                f'299 - "unknown field \\"{p}\\""' for p in pruned
-            )
+            schema.DUPLICATES.reset(duplicates_token)
+        warning = field_warnings.header(validation, pruned, duplicated)
+        if warning and isinstance(response, web.Response):
+            response.headers["Warning"] = warning
         return response
+
+    async def _streaming(self, request: web.Request, target: Target) -> web.StreamResponse:
+        """Logs, exec, attach, port-forward, proxy and ephemeral containers (kubesim.streaming)."""
+        assert target.name is not None
+        assert target.subresource is not None
+        verb = streaming_api.verb_for(request.method)
+        self.stats.record(verb, target.stats_name)
+        await self.faults.before(verb, target.stats_name)
+        if target.namespace is None and target.rt.namespaced:
+            raise errors.ApiError(404, "the server could not find the requested resource")
+        manager = request.query.get("fieldManager") or _default_manager(request)
+        return await self.streaming.handle(
+            request, target.rt, target.namespace or "", target.name, target.subresource, manager
+        )
 
     async def _dispatch(
         self, request: web.Request, target: Target, verb: str, namespace: str
@@ -243,6 +300,8 @@ class ApiServer:
         query = request.query
         dry_run = query.get("dryRun") == "All"
         manager = query.get("fieldManager") or _default_manager(request)
+        if target.subresource == "scale" and target.name is not None:
+            return self._json(await self._scale(request, target, verb, namespace, manager))
         if verb == "get":
             assert target.name is not None
             stored = self.store.peek(rt.key, namespace, target.name)
@@ -257,6 +316,10 @@ class ApiServer:
             return await self._watch(request, target)
         if verb == "create":
             body = patch.decode_body(await request.read(), request.content_type)
+            if rt.group in REVIEW_GROUPS and rt.verbs == ("create",):
+                return self._json(self.auth.review(rt, body, namespace), status=201)
+            if target.subresource == "token":
+                return self._json(self.auth.token_request(namespace, target.name or "", body), 201)
             if target.subresource == "eviction":
                 return self._evict(target, namespace, body)
             if target.subresource == "binding":
@@ -335,7 +398,8 @@ class ApiServer:
         options: dict[str, Any] = {}
         raw = await request.read()
         if raw:
-            body = patch.decode_body(raw, JSON_TYPE)
+            ctype = patch.PROTOBUF if request.content_type == patch.PROTOBUF else JSON_TYPE
+            body = patch.decode_body(raw, ctype)
             if not isinstance(body, dict):
                 raise errors.bad_request("DeleteOptions must be an object")
             options.update(body)
@@ -447,6 +511,7 @@ class ApiServer:
     def _list(self, request: web.Request, target: Target) -> web.Response:
         rt = target.rt
         query = request.query
+        list_options.parse(query, watch=False)
         labels = selectors.parse_label_selector(query.get("labelSelector"))
         fields = selectors.parse_field_selector(query.get("fieldSelector"))
         try:
@@ -479,23 +544,32 @@ class ApiServer:
         query = request.query
         labels = selectors.parse_label_selector(query.get("labelSelector"))
         fields = selectors.parse_field_selector(query.get("fieldSelector"))
-        rv_param = query.get("resourceVersion") or ""
+        options = list_options.parse(query, watch=True)
+        rv_param = options.resource_version
         try:
-            since = int(rv_param) if rv_param not in ("", "0") else None
+            requested = int(rv_param) if rv_param not in ("", "0") else None
         except ValueError as exc:
             raise errors.bad_request(f"invalid resourceVersion {rv_param!r}") from exc
+        if options.send_initial_events:
+            since = None  # the current state as ADDED events, whatever resourceVersion was given
+        elif options.send_initial_events is False and requested is None:
+            since = self.store.resource_version  # "from any version": only changes from now on
+        else:
+            since = requested
         try:
             timeout = float(query.get("timeoutSeconds") or 0)
         except ValueError as exc:
             raise errors.bad_request("timeoutSeconds must be a number") from exc
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        bookmarks = options.allow_bookmarks
         as_table = _wants_table(request)
-        response = web.StreamResponse(headers={"Content-Type": JSON_TYPE})
+        response = negotiation.watch_response(request, rt.api_version, rt.kind)
         response.enable_chunked_encoding()
         try:
             expired = self.faults.take_watch_expiry()
             if expired:
                 raise errors.gone(f"too old resource version: {rv_param}")
+            if options.send_initial_events and requested is not None:
+                await list_options.wait_for_resource_version(self.store, requested)
             watcher = self.store.watch(rt.key, target.namespace, labels, fields, since)
         except errors.ApiError as exc:
             # Like the real server: the stream opens, then carries a single ERROR event.
@@ -503,8 +577,18 @@ class ApiServer:
             await response.write(b'{"type":"ERROR","object":' + dumps(exc.status()) + b"}\n")
             await response.write_eof()
             return response
+        # Counted before any await, so no live event is mistaken for part of the initial state.
+        initial_count = watcher.queue.qsize() if options.watch_list else -1
+        initial_rv = self.store.resource_version
         await response.prepare(request)
         self._streams.add(response)
+        if initial_count >= 0:
+            initial = [watcher.queue.get_nowait() for _ in range(initial_count)]
+            lines = [self._event_line(rt, item, as_table, query) for item in initial if item]
+            end = {list_options.INITIAL_EVENTS_END: "true"}
+            lines.append(self._bookmark(rt, resource_version=initial_rv, annotations=end))
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(b"".join(lines))
         deadline = time.monotonic() + timeout if timeout > 0 else None
         next_bookmark = time.monotonic() + self.bookmark_interval
         try:
@@ -547,12 +631,18 @@ class ApiServer:
             await response.write_eof()
         return response
 
-    def _bookmark(self, rt: ResourceType) -> bytes:
-        obj = {
-            "kind": rt.kind,
-            "apiVersion": rt.api_version,
-            "metadata": {"resourceVersion": str(self.store.resource_version)},
-        }
+    def _bookmark(
+        self,
+        rt: ResourceType,
+        *,
+        resource_version: int | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> bytes:
+        rv = self.store.resource_version if resource_version is None else resource_version
+        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+        if annotations:
+            metadata["annotations"] = annotations
+        obj = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": metadata}
         return b'{"type":"BOOKMARK","object":' + dumps(obj) + b"}\n"
 
     def _event_line(
@@ -568,6 +658,37 @@ class ApiServer:
         return b'{"type":"' + event_type.encode() + b'","object":' + body + b"}\n"
 
     # ----- subresources ------------------------------------------------------------------------
+
+    async def _scale(
+        self, request: web.Request, target: Target, verb: str, namespace: str, manager: str
+    ) -> dict[str, Any]:
+        assert target.name is not None
+        dry_run = request.query.get("dryRun") == "All"
+        if verb == "get":
+            return scale.get(self.store, target.rt, namespace, target.name)
+        body = patch.decode_body(await request.read(), request.content_type)
+        if verb == "update":
+            return scale.update(
+                self.store,
+                target.rt,
+                namespace,
+                target.name,
+                body,
+                manager=manager,
+                dry_run=dry_run,
+            )
+        if verb == "patch":
+            return scale.patch_scale(
+                self.store,
+                target.rt,
+                namespace,
+                target.name,
+                body,
+                request.content_type,
+                manager=manager,
+                dry_run=dry_run,
+            )
+        raise errors.ApiError(405, f"the scale subresource does not support {verb}")
 
     def _evict(self, target: Target, namespace: str, body: Any) -> web.Response:
         assert target.name is not None

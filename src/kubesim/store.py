@@ -13,7 +13,18 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
-from kubesim import defaults, errors, managed_fields, schema, selectors
+from kubesim import (
+    defaults,
+    errors,
+    managed_fields,
+    pod_priority,
+    request_limits,
+    schema,
+    selectors,
+    service_ips,
+    validation,
+    workload_admission,
+)
 from kubesim.resources import Registry, ResourceType
 
 Key = tuple[str, str]
@@ -135,6 +146,7 @@ class Watcher:
 
 
 Listener = Callable[[Event], None]
+AdmissionHook = Callable[["Store", ResourceType, dict[str, Any], dict[str, Any] | None], None]
 
 
 class Store:
@@ -151,6 +163,13 @@ class Store:
         self._watchers: dict[Key, set[Watcher]] = {}
         self._listeners: list[Listener] = []
         self._dependents: dict[str, set[tuple[Key, str, str]]] = {}
+        # Side effects of the real storage layer for some kinds (Service IP and node-port
+        # allocation, Job selectors, HPA defaults), run on create (old None) and update.
+        self.admission: list[AdmissionHook] = [
+            service_ips.admit,
+            workload_admission.admit,
+            pod_priority.admit,
+        ]
 
     # ----- low level -------------------------------------------------------------------------
 
@@ -219,9 +238,11 @@ class Store:
         self, event_type: str, rt: ResourceType, obj: dict[str, Any], old: Stored | None
     ) -> Stored:
         """Assign the next resourceVersion, store or remove the object, and fan the event out."""
-        self._rv += 1
-        obj["metadata"]["resourceVersion"] = str(self._rv)
+        obj["metadata"]["resourceVersion"] = str(self._rv + 1)
         stored = Stored(obj)
+        if event_type != "DELETED":
+            request_limits.check_object_size(len(stored.raw))  # before anything changes
+        self._rv += 1
         meta = obj["metadata"]
         obj_key = (meta.get("namespace", ""), meta["name"])
         data = self.bucket(rt.key)
@@ -345,6 +366,8 @@ class Store:
             meta = obj["metadata"] = {}
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
+        validation.decode(rt, obj)
+        meta = obj.setdefault("metadata", {})
         if meta.get("resourceVersion"):
             raise errors.invalid(
                 rt.kind,
@@ -386,12 +409,17 @@ class Store:
         defaults.apply_create_defaults(rt, obj)
         if rt.schema is not None:
             schema.admit(rt, obj)
+        # Like the real storage, allocation and generated fields come before validation.
+        for hook in self.admission:
+            hook(self, rt, obj, None)
+        validation.validate(rt, obj, None)
         if rt.key == CRD_KEY:
             _crd_status(obj, None)
         if manager:
             managed_fields.record_update(
-                obj, None, manager, obj["apiVersion"], rt.schema, None, now()
-            )
+                obj, None, manager, obj["apiVersion"], rt.schema, None, now(),
+                status_reset=rt.status_subresource,
+            )  # fmt: skip
         if dry_run:
             return Stored(obj)
         return self.commit("ADDED", rt, obj, None)
@@ -417,6 +445,7 @@ class Store:
         kind = obj.get("kind")
         if kind and kind != rt.kind:
             raise errors.bad_request(f"the kind {kind!r} does not match the resource {rt.plural!r}")
+        validation.decode(rt, obj, old.obj)
         meta = obj.setdefault("metadata", {})
         if meta.get("name", name) != name:
             raise errors.bad_request(
@@ -439,6 +468,10 @@ class Store:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
+            if keep_managed_fields and "managedFields" in meta:  # an apply to /status
+                new["metadata"]["managedFields"] = meta["managedFields"]
+                if not meta["managedFields"]:
+                    new["metadata"].pop("managedFields")
             obj = new
             meta = obj["metadata"]
         else:
@@ -467,6 +500,8 @@ class Store:
                     meta["managedFields"] = old_meta["managedFields"]
                 else:
                     meta.pop("managedFields", None)
+            elif not meta["managedFields"]:
+                meta.pop("managedFields")  # an apply that left no manager owning anything
             if old_meta.get("deletionTimestamp"):
                 added = set(meta.get("finalizers") or ()) - set(old_meta.get("finalizers") or ())
                 if added:
@@ -485,6 +520,9 @@ class Store:
             defaults.apply_update_defaults(rt, obj)
             if rt.schema is not None:
                 schema.admit(rt, obj)
+            for hook in self.admission:
+                hook(self, rt, obj, old.obj)
+            validation.validate(rt, obj, old.obj)
             if rt.has_generation and _spec_changed(old.obj, obj):
                 meta["generation"] = int(old_meta.get("generation", 1)) + 1
             if rt.key == CRD_KEY:

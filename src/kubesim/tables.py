@@ -22,15 +22,33 @@ def age(obj: dict[str, Any]) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Short human duration."""
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 3600 * 2:
-        return f"{seconds // 60}m"
-    if seconds < 86400 * 2:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
+    """A duration as the printers' HumanDuration writes it (`45s`, `3m20s`, `5h10m`, `3d4h`)."""
+    total = int(seconds)
+    # Up to two seconds in the future is clock skew between machines: "now".
+    if total < -1:
+        return "<invalid>"
+    if total < 0:
+        return "0s"
+    if total < 120:
+        return f"{total}s"
+    minutes = total // 60
+    if minutes < 10:
+        return f"{minutes}m{total % 60}s" if total % 60 else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = total // 3600
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
+    return f"{hours // 24 // 365}y"
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -56,9 +74,9 @@ def _node_roles(obj: dict[str, Any]) -> str:
     return ",".join(roles) or "<none>"
 
 
-def _node_address(obj: dict[str, Any]) -> str:
+def _node_address(obj: dict[str, Any], kind: str = "InternalIP") -> str:
     for address in (obj.get("status") or {}).get("addresses") or []:
-        if address.get("type") == "InternalIP":
+        if address.get("type") == kind:
             return str(address.get("address"))
     return "<none>"
 
@@ -98,14 +116,35 @@ def pod_status_text(obj: dict[str, Any]) -> str:
         if waiting.get("reason"):
             return str(waiting["reason"])
         terminated = state.get("terminated") or {}
-        if terminated.get("reason") and status.get("phase") not in ("Succeeded",):
+        if terminated.get("reason"):
+            # kubectl shows a finished container's reason: `Completed` for a Succeeded pod.
             return str(terminated["reason"])
     return str(status.get("phase") or "Pending")
 
 
-def _restarts(obj: dict[str, Any]) -> int:
+def _restarts(obj: dict[str, Any]) -> str:
+    """Restarts with the time since the last one, as `3 (5m ago)`."""
     statuses = (obj.get("status") or {}).get("containerStatuses") or []
-    return sum(int(s.get("restartCount") or 0) for s in statuses)
+    count = sum(int(s.get("restartCount") or 0) for s in statuses)
+    finished = [
+        ((s.get("lastState") or {}).get("terminated") or {}).get("finishedAt") for s in statuses
+    ]
+    last = max((f for f in finished if f), default=None)
+    if count and last:
+        seconds = (dt.datetime.now(dt.UTC) - parse_time(last)).total_seconds()
+        return f"{count} ({duration(seconds)} ago)"
+    return str(count)
+
+
+def _readiness_gates(obj: dict[str, Any]) -> str:
+    gates = (obj.get("spec") or {}).get("readinessGates") or []
+    if not gates:
+        return "<none>"
+    conditions = {
+        c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []
+    }
+    ready = sum(1 for g in gates if conditions.get(g.get("conditionType")) == "True")
+    return f"{ready}/{len(gates)}"
 
 
 def _status(*path: str) -> Callable[[dict[str, Any]], Any]:
@@ -116,18 +155,6 @@ def _status(*path: str) -> Callable[[dict[str, Any]], Any]:
         return 0 if current is None else current
 
     return read
-
-
-def _selector_text(obj: dict[str, Any]) -> str:
-    selector = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
-        "nodeSelector"
-    )
-    return ",".join(f"{k}={v}" for k, v in (selector or {}).items()) or "<none>"
-
-
-def _involved(obj: dict[str, Any]) -> str:
-    involved = obj.get("involvedObject") or {}
-    return f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}"
 
 
 NAME: Column = ("Name", "string", 0, _name)
@@ -141,6 +168,7 @@ PRINTERS: dict[str, list[Column]] = {
         AGE,
         ("Version", "string", 0, _info("kubeletVersion")),
         ("Internal-IP", "string", 1, _node_address),
+        ("External-IP", "string", 1, lambda o: _node_address(o, "ExternalIP")),
         ("OS-Image", "string", 1, _info("osImage")),
         ("Kernel-Version", "string", 1, _info("kernelVersion")),
         ("Container-Runtime", "string", 1, _info("containerRuntimeVersion")),
@@ -149,39 +177,17 @@ PRINTERS: dict[str, list[Column]] = {
         NAME,
         ("Ready", "string", 0, _pod_ready),
         ("Status", "string", 0, pod_status_text),
-        ("Restarts", "integer", 0, _restarts),
+        ("Restarts", "string", 0, _restarts),
         AGE,
         ("IP", "string", 1, lambda o: (o.get("status") or {}).get("podIP") or "<none>"),
         ("Node", "string", 1, lambda o: (o.get("spec") or {}).get("nodeName") or "<none>"),
-    ],
-    "daemonsets": [
-        NAME,
-        ("Desired", "integer", 0, _status("status", "desiredNumberScheduled")),
-        ("Current", "integer", 0, _status("status", "currentNumberScheduled")),
-        ("Ready", "integer", 0, _status("status", "numberReady")),
-        ("Up-to-date", "integer", 0, _status("status", "updatedNumberScheduled")),
-        ("Available", "integer", 0, _status("status", "numberAvailable")),
-        ("Node Selector", "string", 0, _selector_text),
-        AGE,
-    ],
-    "deployments": [
-        NAME,
         (
-            "Ready",
+            "Nominated Node",
             "string",
-            0,
-            lambda o: f"{_status('status', 'readyReplicas')(o)}/{_status('spec', 'replicas')(o)}",
+            1,
+            lambda o: (o.get("status") or {}).get("nominatedNodeName") or "<none>",
         ),
-        ("Up-to-date", "integer", 0, _status("status", "updatedReplicas")),
-        ("Available", "integer", 0, _status("status", "availableReplicas")),
-        AGE,
-    ],
-    "replicasets": [
-        NAME,
-        ("Desired", "integer", 0, _status("spec", "replicas")),
-        ("Current", "integer", 0, _status("status", "replicas")),
-        ("Ready", "integer", 0, _status("status", "readyReplicas")),
-        AGE,
+        ("Readiness Gates", "string", 1, _readiness_gates),
     ],
     "namespaces": [
         NAME,
@@ -213,18 +219,6 @@ PRINTERS: dict[str, list[Column]] = {
     "customresourcedefinitions": [
         NAME,
         ("Created At", "date", 0, lambda o: o["metadata"].get("creationTimestamp", "")),
-    ],
-    "events": [
-        ("Last Seen", "string", 0, lambda o: o.get("lastTimestamp") or o.get("eventTime") or ""),
-        ("Type", "string", 0, lambda o: o.get("type", "")),
-        ("Reason", "string", 0, lambda o: o.get("reason", "")),
-        (
-            "Object",
-            "string",
-            0,
-            lambda o: _involved(o),
-        ),
-        ("Message", "string", 0, lambda o: o.get("message") or o.get("note") or ""),
     ],
 }
 
@@ -312,7 +306,10 @@ def columns_for(rt: ResourceType) -> list[Column]:
     """The printer columns of a type."""
     if rt.from_crd:
         return _crd_columns(rt)
-    return PRINTERS.get(rt.plural, [NAME, AGE])
+    # Imported here: the printers module builds on this one's helpers.
+    from kubesim import printers
+
+    return printers.COLUMNS.get(rt.plural) or PRINTERS.get(rt.plural) or printers.DEFAULT_COLUMNS
 
 
 def table(

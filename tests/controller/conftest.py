@@ -1,8 +1,13 @@
-"""A kubesim cluster with CRDs, GPU and CPU nodes, and a running operator."""
+"""A kubesim cluster with CRDs, GPU and CPU nodes, and a running operator.
+
+The cluster enforces RBAC and the operator runs as the chart's ServiceAccount with the
+(Cluster)Roles `helm template` renders, so a permission the chart lacks fails here first.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 from operator_harness import CPU_LABELS, NAMESPACE, Env, gpu_node
@@ -13,8 +18,12 @@ from kubesim.controllers.kubelet import KubeletConfig
 
 
 @pytest.fixture
-async def cluster() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True)) as sim:
+async def cluster(
+    chart_rbac: Callable[..., Path] | None,
+) -> AsyncIterator[kubesim.Cluster]:
+    # Without helm the chart cannot be rendered: the suite then runs with everything allowed.
+    mode = "rbac" if chart_rbac is not None else "open"
+    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True), authorization=mode) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)
@@ -25,8 +34,16 @@ async def cluster() -> AsyncIterator[kubesim.Cluster]:
 
 
 @pytest.fixture
-async def env(cluster: kubesim.Cluster) -> AsyncIterator[Env]:
-    environment = Env(cluster, [], [])
+async def env(
+    cluster: kubesim.Cluster, chart_rbac: Callable[..., Path] | None
+) -> AsyncIterator[Env]:
+    kubeconfig = chart_rbac(cluster) if chart_rbac is not None else cluster.kubeconfig_path
+    environment = Env(cluster, [], [], kubeconfig)
     yield environment
     for operator in list(environment.operators):
         await environment.stop_operator(operator)
+    # A request the chart's RBAC refuses is a product bug even when the operator retries it.
+    refused = [
+        f"{u.name}: {a.verb} {a.combined_resource} {a.name}" for u, a in cluster.auth.denials
+    ]
+    assert not refused, refused

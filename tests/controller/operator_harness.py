@@ -6,6 +6,7 @@ import asyncio
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kubesim
@@ -49,6 +50,8 @@ class Env:
     sim: kubesim.Cluster
     operators: list[Operator]
     tasks: list[asyncio.Task[None]]
+    # The operator's credentials: the chart's ServiceAccount under RBAC, else the admin's.
+    kubeconfig: Path | None = None
 
     @property
     def operator(self) -> Operator:
@@ -80,7 +83,7 @@ class Env:
         await self.wait(ready, f"ClusterPolicy {name} ready", timeout)
 
     def start_operator(self, **settings: Any) -> Operator:
-        client = kube_client.connect(str(self.sim.kubeconfig_path))
+        client = kube_client.connect(str(self.kubeconfig or self.sim.kubeconfig_path))
         operator = Operator(
             client,
             Settings(namespace=NAMESPACE, operator_env=OPERATOR_ENV, **settings),

@@ -120,7 +120,11 @@ async def test_writer_patches_node_labels_and_records_events(sim: kubesim.Cluste
         assert node["metadata"]["labels"]["x"] == "1"
         await writer.event(node, reason="Test", message="hello")
         events = sim.store.list("events", namespace="default")
-        assert [e["reason"] for e in events] == ["Test"]
+        # The simulated kubelet records node lifecycle Events of its own; only ours matter here.
+        ours = [
+            e for e in events if e["involvedObject"]["name"] == "gpu-1" and e["reason"] == "Test"
+        ]
+        assert [e["message"] for e in ours] == ["hello"]
     finally:
         await client.close()
 

@@ -288,7 +288,7 @@ async def test_cli_serve_writes_kubeconfig(tmp_path: Path) -> None:
     assert proc.stdout is not None
     try:
         url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
-        assert url.startswith("http://127.0.0.1:")
+        assert url.startswith("https://127.0.0.1:")  # authenticating by default: HTTPS
         client = AsyncClient(KubeConfig.from_file(config))
         assert len([n async for n in client.list(Node)]) == 2
         await client.close()

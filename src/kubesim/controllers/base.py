@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -16,6 +17,9 @@ from kubesim.store import Event, Store
 log = logging.getLogger("kubesim.controllers")
 
 ItemKey = Hashable
+# How long a controller works before it lets the event loop (and so the API server) run: every
+# controller runs in the server's loop, and a request waits for whatever runs ahead of it.
+SLICE_SECONDS = 0.005
 
 
 class Controller:
@@ -78,13 +82,16 @@ class Controller:
         self._wake.set()
 
     def enqueue_after(self, key: ItemKey, delay: float) -> None:
-        """Queue a key after a delay (an earlier pending timer for it wins)."""
+        """Queue a key after a delay (whichever pending timer for it fires sooner wins)."""
         if delay <= 0:
             self.enqueue(key)
             return
-        if key in self._timers:
-            return
         loop = asyncio.get_running_loop()
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending.when() <= loop.time() + delay:
+                return
+            pending.cancel()
 
         def fire() -> None:
             self._timers.pop(key, None)
@@ -100,7 +107,10 @@ class Controller:
                 await self._wake.wait()
             batch = list(self._pending)
             self._pending.clear()
-            for index, key in enumerate(batch):
+            deadline = time.perf_counter() + SLICE_SECONDS
+            for key in batch:
+                # A key queued again while we yielded is served now, by this one reconcile.
+                self._pending.pop(key, None)
                 try:
                     self.reconcile(key)
                 except errors.ApiError as exc:
@@ -110,7 +120,8 @@ class Controller:
                 except Exception:
                     log.exception("%s: reconciling %s crashed", self.name, key)
                     self.enqueue_after(key, 1.0)
-                if index % 50 == 49:
-                    # Let the API server answer requests during large batches.
+                if time.perf_counter() >= deadline:
+                    # The API server shares this event loop: give it a turn every slice.
                     await asyncio.sleep(0)
+                    deadline = time.perf_counter() + SLICE_SECONDS
             await asyncio.sleep(0)

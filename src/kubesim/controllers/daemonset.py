@@ -1,161 +1,535 @@
-"""DaemonSet controller: one pod per eligible node, revisions, rolling updates and full status."""
+"""DaemonSet controller: one pod per eligible node, revisions, rolling updates and full status.
+
+The controller is incremental. Each DaemonSet keeps an index of its pods by node, a cached
+placement decision per node and one status/rollout record per node; totals are sums of those
+records. A node or pod event marks only that node dirty for the DaemonSets concerned, and a sync
+visits only dirty nodes. Every node is walked only when a DaemonSet appears, its spec changes
+(a new generation) or the controller starts. Syncs are time-sliced: a DaemonSet with many dirty
+nodes gives the event loop back every few milliseconds and continues on its next turn.
+
+Upstream behaviour kept (pkg/controller/daemon in kube-controller-manager 1.35, in our words):
+* a node should run a pod when it matches nodeSelector/required affinity and has no untolerated
+  NoSchedule/NoExecute taint; a pod may continue on a node with an untolerated NoSchedule taint;
+* failed pods are deleted with a `FailedDaemonPod` Warning, under a per-node back-off (1 s
+  doubling to 15 min) so that a pod failing at once is not recreated in a hot loop; succeeded
+  pods are deleted with `SucceededDaemonPod`;
+* without surge, extra pods on a node are deleted, keeping the oldest; with surge, an old and a
+  new pod may coexist until the new one is available;
+* RollingUpdate deletes old unavailable pods at once and old available ones while fewer than
+  maxUnavailable nodes are unavailable; with maxSurge it creates new pods beside old ones (up to
+  maxSurge at a time) and deletes an old pod once its replacement is available;
+* status counts the oldest pod of each node; old ControllerRevisions beyond
+  revisionHistoryLimit are deleted unless a live pod still carries their hash.
+"""
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+import heapq
+import json
+import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
+from kubesim import errors
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import Controller
+from kubesim.controllers.base import SLICE_SECONDS, Controller
 from kubesim.store import Event, Stored
 
 DS_KEY = ("apps", "daemonsets")
 POD_KEY = ("", "pods")
 NODE_KEY = ("", "nodes")
 REVISION_KEY = ("apps", "controllerrevisions")
+HASH_LABEL = "controller-revision-hash"
+# The failed-pod back-off of the real controller: 1 s doubling to 15 minutes, per node.
+FAILED_BACKOFF_INITIAL = 1.0
+FAILED_BACKOFF_MAX = 900.0
+# While a pass over many nodes runs, status is published at most this often.
+STATUS_INTERVAL = 0.5
+
+
+class NodeRecord(NamedTuple):
+    """What one node contributes to a DaemonSet's status and rollout (counts are 0 or 1)."""
+
+    desired: int = 0
+    current: int = 0
+    misscheduled: int = 0
+    ready: int = 0
+    available: int = 0
+    updated: int = 0
+    # Without surge: counts toward the unavailable total that maxUnavailable bounds.
+    unavailable: int = 0
+    # With surge: counts toward the surge total that maxSurge bounds.
+    surging: int = 0
+    # Without surge: an old, unavailable pod replaced at once / an old available candidate.
+    replace: str = ""
+    candidate: str = ""
+    # With surge: create the new pod at once (old one unavailable) / a surge candidate.
+    allowed_new: bool = False
+    candidate_new: bool = False
+    # With surge: the new pod is available, so the old one goes.
+    retire: str = ""
+
+
+EMPTY = NodeRecord()
+_COUNTS = ("desired", "current", "misscheduled", "ready", "available", "updated")
+
+
+class Placement:
+    """A DaemonSet's scheduling rules, prepared once per spec and applied to nodes."""
+
+    def __init__(self, pod_spec: dict[str, Any]) -> None:
+        self.selection = {
+            "nodeSelector": pod_spec.get("nodeSelector") or {},
+            "affinity": pod_spec.get("affinity") or {},
+        }
+        self.tolerations = scheduling.daemon_tolerations(pod_spec)
+
+    def decide(self, node: dict[str, Any]) -> tuple[bool, bool]:
+        """(should run, should continue running) on this node."""
+        if not scheduling.node_selected(node, self.selection):
+            return False, False
+        should_run = should_continue = True
+        for taint in (node.get("spec") or {}).get("taints") or ():
+            effect = taint.get("effect")
+            if effect not in ("NoSchedule", "NoExecute"):
+                continue
+            if any(scheduling.tolerates(t, taint) for t in self.tolerations):
+                continue
+            should_run = False
+            if effect == "NoExecute":
+                should_continue = False
+        return should_run, should_continue
+
+
+class DaemonState:
+    """The controller's incremental view of one DaemonSet."""
+
+    def __init__(self, uid: str) -> None:
+        self.uid = uid
+        self.generation = -1
+        self.hash = ""
+        self.placement: Placement | None = None
+        self.decisions: dict[str, tuple[bool, bool]] = {}
+        # node -> pod name -> latest stored version of the pod.
+        self.pods: dict[str, dict[str, Stored]] = {}
+        self.dirty: set[str] = set()
+        self.records: dict[str, NodeRecord] = {}
+        self.totals = dict.fromkeys((*_COUNTS, "unavailable", "surging"), 0)
+        self.replace: dict[str, str] = {}
+        self.candidates: dict[str, str] = {}
+        self.allowed_new: set[str] = set()
+        self.candidate_new: set[str] = set()
+        self.retire: dict[str, str] = {}
+        # A full pass over all nodes has finished since the last spec change: until then the
+        # totals are partial and are not published.
+        self.walked = False
+        self.rechecks: dict[str, float] = {}
+        self.backoff: dict[str, tuple[float, float]] = {}
+        self.last_status = 0.0
+        self.cleanup_pending = False
+        # Serialised pod template of the current revision (json.loads is a cheap deep copy).
+        self.prototype = b""
+
+    def record(self, node: str, new: NodeRecord) -> None:
+        """Replace a node's record, keeping the totals and rollout sets in step."""
+        old = self.records.get(node, EMPTY)
+        if old == new:
+            return
+        totals = self.totals
+        for field in _COUNTS:
+            totals[field] += getattr(new, field) - getattr(old, field)
+        totals["unavailable"] += new.unavailable - old.unavailable
+        totals["surging"] += new.surging - old.surging
+        for mapping, attr in ((self.replace, "replace"), (self.candidates, "candidate"),
+                              (self.retire, "retire")):  # fmt: skip
+            value = getattr(new, attr)
+            if value:
+                mapping[node] = value
+            else:
+                mapping.pop(node, None)
+        for members, flag in ((self.allowed_new, new.allowed_new),
+                              (self.candidate_new, new.candidate_new)):  # fmt: skip
+            if flag:
+                members.add(node)
+            else:
+                members.discard(node)
+        if new == EMPTY:
+            self.records.pop(node, None)
+        else:
+            self.records[node] = new
+
+    def add_pod(self, node: str, stored: Stored) -> None:
+        self.pods.setdefault(node, {})[stored.obj["metadata"]["name"]] = stored
+
+    def drop_pod(self, node: str, name: str) -> None:
+        bucket = self.pods.get(node)
+        if bucket is not None:
+            bucket.pop(name, None)
+            if not bucket:
+                del self.pods[node]
 
 
 class DaemonSetController(Controller):
-    """Keys are (namespace, name) of DaemonSets; node changes requeue every DaemonSet."""
+    """Keys are (namespace, name) of DaemonSets; nodes to look at are kept per DaemonSet."""
 
     name = "daemonset-controller"
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.states: dict[tuple[str, str], DaemonState] = {}
+        self._by_uid: dict[str, tuple[str, str]] = {}
+        # The (DaemonSet uid, node) being synced: our own pod writes there need no resync.
+        self._syncing: tuple[str, str] | None = None
+        # Work counters, for tests and benchmarks: nodes synced, full walks.
+        self.node_syncs = 0
+        self.full_walks = 0
 
     def initial_keys(self) -> list[Any]:
         return [_ident(s) for s in self.store.scan(DS_KEY)]
 
+    # ----- events ---------------------------------------------------------------------------
+
     def on_event(self, event: Event) -> None:
-        if event.key == DS_KEY:
-            self.enqueue(_ident(event.new))
-        elif event.key == NODE_KEY:
+        key = event.key
+        if key == POD_KEY:
+            self._pod_event(event)
+        elif key == NODE_KEY:
             if event.type == "MODIFIED" and event.old is not None and not _placement_changed(event):
                 return
-            for stored in self.store.scan(DS_KEY):
-                self.enqueue(_ident(stored))
-        elif event.key == POD_KEY:
-            for ref in event.new.obj["metadata"].get("ownerReferences") or ():
-                if ref.get("kind") == "DaemonSet" and ref.get("controller"):
-                    self.enqueue((event.new.obj["metadata"].get("namespace", ""), ref.get("name")))
+            name = event.new.obj["metadata"]["name"]
+            for ds_key, state in self.states.items():
+                state.decisions.pop(name, None)
+                state.dirty.add(name)
+                self.enqueue(ds_key)
+        elif key == DS_KEY:
+            ident = _ident(event.new)
+            if event.type == "DELETED":
+                gone = self.states.pop(ident, None)
+                if gone is not None:
+                    self._by_uid.pop(gone.uid, None)
+                return
+            # Status and metadata writes need only a status check; spec changes a full walk,
+            # which reconcile notices from the generation.
+            self.enqueue(ident)
+
+    def _pod_event(self, event: Event) -> None:
+        meta = event.new.obj["metadata"]
+        for ref in meta.get("ownerReferences") or ():
+            if ref.get("kind") == "DaemonSet" and ref.get("controller"):
+                break
+        else:
+            return
+        ds_key = self._by_uid.get(ref.get("uid", ""))
+        if ds_key is None:
+            return  # not indexed yet: the DaemonSet's first (full) sync will find the pod
+        state = self.states[ds_key]
+        new_node = (event.new.obj.get("spec") or {}).get("nodeName", "")
+        old_node = new_node
+        if event.old is not None:
+            old_node = (event.old.obj.get("spec") or {}).get("nodeName", "")
+            if old_node != new_node:
+                state.drop_pod(old_node, meta["name"])
+                state.dirty.add(old_node)
+        if event.type == "DELETED":
+            state.drop_pod(new_node, meta["name"])
+        else:
+            state.add_pod(new_node, event.new)
+        if self._syncing == (state.uid, new_node) and old_node == new_node:
+            return  # our own write during that node's sync, which accounts for it
+        state.dirty.add(new_node)
+        self.enqueue(ds_key)
+
+    # ----- sync -------------------------------------------------------------------------------
 
     def reconcile(self, key: Any) -> None:
         namespace, name = key
         stored = self.store.peek(DS_KEY, namespace, name)
+        state = self.states.get(key)
         if stored is None or stored.obj["metadata"].get("deletionTimestamp"):
+            if state is not None:
+                del self.states[key]
+                self._by_uid.pop(state.uid, None)
             return
         ds = stored.obj
-        uid = ds["metadata"]["uid"]
+        meta = ds["metadata"]
+        if state is None or state.uid != meta["uid"]:
+            if state is not None:
+                self._by_uid.pop(state.uid, None)
+            state = self.states[key] = DaemonState(meta["uid"])
+            self._by_uid[state.uid] = key
+        if state.generation != meta.get("generation", 1):
+            self._full_walk(state, ds)
+        now = time.monotonic()
+        for node, due in list(state.rechecks.items()):
+            if due <= now + 0.001:
+                del state.rechecks[node]
+                state.dirty.add(node)
+        deadline = time.perf_counter() + SLICE_SECONDS
+        while state.dirty:
+            node = state.dirty.pop()
+            self._sync_node(ds, state, node)
+            if time.perf_counter() >= deadline and state.dirty:
+                break
+        if not state.dirty:
+            state.walked = True
+            if _rolling(ds):
+                self._roll(ds, state)
+            if state.cleanup_pending:
+                self._cleanup_history(ds, state)
+        if state.dirty:
+            self.enqueue(key)
+        if state.walked:
+            self._publish(stored, state, final=not state.dirty)
+        if state.rechecks:
+            self.enqueue_after(key, max(0.0, min(state.rechecks.values()) - now) + 0.01)
+
+    def _full_walk(self, state: DaemonState, ds: dict[str, Any]) -> None:
+        """Spec changed (or first sight): re-read the pods, forget decisions, visit every node."""
+        self.full_walks += 1
+        meta = ds["metadata"]
         spec = ds.get("spec") or {}
         template = spec.get("template") or {}
-        pod_spec = template.get("spec") or {}
-        revision_hash = scheduling.template_hash(template)
-        self._ensure_revision(ds, template, revision_hash)
-        pods_by_node: dict[str, list[dict[str, Any]]] = {}
-        for key_, ns, pod_name in self.store.dependents(uid):
-            if key_ != POD_KEY:
+        state.generation = meta.get("generation", 1)
+        state.hash = scheduling.template_hash(template)
+        state.placement = Placement(template.get("spec") or {})
+        state.decisions.clear()
+        state.walked = False
+        state.prototype = json.dumps(_pod_prototype(ds, template, state.hash)).encode()
+        state.pods.clear()
+        for key, ns, pod_name in self.store.dependents(state.uid):
+            if key != POD_KEY:
                 continue
             found = self.store.peek(POD_KEY, ns, pod_name)
-            if found is None or not scheduling.is_controlled_by(found.obj, uid):
+            if found is None or not scheduling.is_controlled_by(found.obj, state.uid):
                 continue
-            node_name = (found.obj.get("spec") or {}).get("nodeName", "")
-            pods_by_node.setdefault(node_name, []).append(found.obj)
-        min_ready = int(spec.get("minReadySeconds") or 0)
-        strategy = spec.get("updateStrategy") or {}
-        rolling = strategy.get("type", "RollingUpdate") == "RollingUpdate"
-        pods_rt = self.rt("pods")
-        desired = current = misscheduled = ready = available = updated = 0
-        unavailable_nodes = 0
-        old_available: list[dict[str, Any]] = []
-        old_unavailable: list[dict[str, Any]] = []
-        nodes = {s.obj["metadata"]["name"]: s.obj for s in self.store.scan(NODE_KEY)}
-        for node_name, pods in pods_by_node.items():
-            if node_name not in nodes:
-                for pod in pods:
-                    self._delete(pods_rt, pod)
-        recheck = -1.0
-        for node_name, node in nodes.items():
-            should_run, should_continue = scheduling.daemon_placement(node, pod_spec)
-            pods = pods_by_node.get(node_name, [])
-            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-            failed = [p for p in live if (p.get("status") or {}).get("phase") == "Failed"]
-            for pod in failed:
-                self._delete(pods_rt, pod)
-            live = [p for p in live if p not in failed]
-            if should_run:
-                desired += 1
-            if pods and not should_run:
-                misscheduled += 1
-            if not should_continue:
-                for pod in live:
-                    self._delete(pods_rt, pod)
-                continue
-            if should_run and not pods:
-                self._create_pod(ds, template, node_name, revision_hash)
-                unavailable_nodes += 1
-                continue
-            if len(live) > 1:
-                live.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""))
-                for extra in live[1:]:
-                    self._delete(pods_rt, extra)
-                live = live[:1]
-            if not should_run:
-                continue
-            if pods:
-                current += 1
-            if not live:
-                unavailable_nodes += 1
-                continue
-            pod = live[0]
-            is_updated = (
-                pod["metadata"].get("labels", {}).get("controller-revision-hash") == revision_hash
-            )
-            wait = scheduling.ready_for(pod, min_ready)
-            if wait >= 0:
-                ready += 1
-            if wait == 0:
-                available += 1
-            elif wait > 0:
-                recheck = wait if recheck < 0 else min(recheck, wait)
-            if wait != 0:
-                unavailable_nodes += 1
-            if is_updated:
-                updated += 1
-            elif wait == 0:
-                old_available.append(pod)
+            state.add_pod((found.obj.get("spec") or {}).get("nodeName", ""), found)
+        state.dirty.update(s.obj["metadata"]["name"] for s in self.store.scan(NODE_KEY))
+        state.dirty.update(state.pods)
+        state.dirty.update(state.records)
+        self._ensure_revision(ds, state, template)
+
+    def _sync_node(self, ds: dict[str, Any], state: DaemonState, node_name: str) -> None:
+        """Create or delete this DaemonSet's pods on one node, then recompute its record."""
+        self.node_syncs += 1
+        self._syncing = (state.uid, node_name)
+        try:
+            node = self.store.peek(NODE_KEY, "", node_name) if node_name else None
+            if node is None:
+                state.decisions.pop(node_name, None)
+                for pod in _live(state.pods.get(node_name)):
+                    self._delete(ds, pod)
+                state.record(node_name, self._record(ds, state, node_name, False))
+                return
+            decision = state.decisions.get(node_name)
+            if decision is None:
+                assert state.placement is not None
+                decision = state.decisions[node_name] = state.placement.decide(node.obj)
+            should_run, should_continue = decision
+            self._manage(ds, state, node_name, should_run, should_continue)
+            state.record(node_name, self._record(ds, state, node_name, should_run))
+        finally:
+            self._syncing = None
+
+    def _manage(
+        self,
+        ds: dict[str, Any],
+        state: DaemonState,
+        node: str,
+        should_run: bool,
+        should_continue: bool,
+    ) -> None:
+        pods = list((state.pods.get(node) or {}).values())
+        if should_run and not pods:
+            self._create_pod(ds, state, node)
+            return
+        if not should_continue:
+            for pod in _live(pods):
+                self._delete(ds, pod)
+            return
+        running: list[Stored] = []
+        for stored in _live(pods):
+            phase = (stored.obj.get("status") or {}).get("phase")
+            if phase == "Failed":
+                if self._failed_pod_backoff(ds, state, node):
+                    continue
+                self._event(
+                    ds,
+                    "Warning",
+                    "FailedDaemonPod",
+                    f"Found failed daemon pod {_pod_ref(stored)} on node {node}, "
+                    "will try to kill it",
+                )
+                self._delete(ds, stored)
+            elif phase == "Succeeded":
+                self._event(
+                    ds,
+                    "Normal",
+                    "SucceededDaemonPod",
+                    f"Found succeeded daemon pod {_pod_ref(stored)} on node {node}, "
+                    "will try to delete it",
+                )
+                self._delete(ds, stored)
             else:
-                old_unavailable.append(pod)
-        if rolling:
-            rolling_spec = strategy.get("rollingUpdate") or {}
-            max_unavailable = scheduling.scaled_value(
-                rolling_spec.get("maxUnavailable", 1), desired, True
+                running.append(stored)
+        if len(running) <= 1:
+            if not running and should_run and _surge_allowed(ds):
+                self._create_pod(ds, state, node)  # surging keeps one non-deleted pod per node
+            return
+        running.sort(key=_age)
+        if not _surge_allowed(ds):
+            for extra in running[1:]:
+                self._delete(ds, extra)
+            return
+        # With surge: keep the oldest new and the oldest old pod; the old one goes once it is
+        # not ready or the new one is available.
+        newest: Stored | None = None
+        oldest: Stored | None = None
+        for stored in running:
+            if _labels(stored).get(HASH_LABEL) == state.hash:
+                if newest is None:
+                    newest = stored
+                    continue
+            elif oldest is None:
+                oldest = stored
+                continue
+            self._delete(ds, stored)
+        if newest is not None and oldest is not None:
+            min_ready = _min_ready(ds)
+            if not scheduling.pod_ready(oldest.obj) or (
+                scheduling.ready_for(newest.obj, min_ready) == 0
+            ):
+                self._delete(ds, oldest)
+
+    def _failed_pod_backoff(self, ds: dict[str, Any], state: DaemonState, node: str) -> bool:
+        """Whether deleting a failed pod on this node must wait (and requeue for then)."""
+        now = time.monotonic()
+        entry = state.backoff.get(node)
+        if entry is not None and now - entry[1] < entry[0]:
+            self.enqueue_after(_ident_of(ds), entry[0] - (now - entry[1]) + 0.01)
+            state.rechecks[node] = entry[1] + entry[0]
+            return True
+        if entry is None or now - entry[1] > 2 * FAILED_BACKOFF_MAX:
+            delay = FAILED_BACKOFF_INITIAL
+        else:
+            delay = min(entry[0] * 2, FAILED_BACKOFF_MAX)
+        state.backoff[node] = (delay, now)
+        return False
+
+    def _record(
+        self, ds: dict[str, Any], state: DaemonState, node: str, should_run: bool
+    ) -> NodeRecord:
+        """The node's status counts and rollout role, from the pods indexed there now."""
+        # Pods that finished and are being deleted no longer count (as upstream).
+        pods = [
+            s
+            for s in (state.pods.get(node) or {}).values()
+            if not (
+                s.obj["metadata"].get("deletionTimestamp")
+                and (s.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
             )
-            max_unavailable = max(max_unavailable, 1) if desired else 0
-            for pod in old_unavailable:
-                self._delete(pods_rt, pod)
-            budget = max_unavailable - unavailable_nodes
-            for pod in sorted(old_available, key=lambda p: p["metadata"]["name"]):
-                if budget <= 0:
-                    break
-                self._delete(pods_rt, pod)
-                budget -= 1
+        ]
+        if not should_run and not pods:
+            return EMPTY
+        min_ready = _min_ready(ds)
+        fields: dict[str, Any] = {}
+        waits: list[float] = []
+        if should_run:
+            fields["desired"] = 1
+            if pods:
+                fields["current"] = 1
+                first = min(pods, key=_age)
+                wait = scheduling.ready_for(first.obj, min_ready)
+                waits.append(wait)
+                fields["ready"] = int(wait >= 0)
+                fields["available"] = int(wait == 0)
+                fields["updated"] = int(_labels(first).get(HASH_LABEL) == state.hash)
+        elif pods:
+            fields["misscheduled"] = 1
+        # The rollout's view: at most one old and one new non-deleted pod per node.
+        new: Stored | None = None
+        old: Stored | None = None
+        excess = False
+        for stored in pods:
+            if stored.obj["metadata"].get("deletionTimestamp"):
+                continue
+            if _labels(stored).get(HASH_LABEL) == state.hash:
+                excess = excess or new is not None
+                new = stored
+            else:
+                excess = excess or old is not None
+                old = stored
+        new_wait = scheduling.ready_for(new.obj, min_ready) if new is not None else -1
+        old_wait = scheduling.ready_for(old.obj, min_ready) if old is not None else -1
+        waits += (new_wait, old_wait)
+        recheck = min((w for w in waits if w > 0), default=0.0)
         if recheck > 0:
-            self.enqueue_after(key, recheck + 0.01)
+            state.rechecks[node] = time.monotonic() + recheck
+        if excess:
+            # The manage step prunes extra pods first; meanwhile the node counts as unavailable.
+            fields["unavailable"] = fields["surging"] = 1
+        elif old is None or new is not None:
+            # Nothing to replace here, or a replacement under way: unavailable unless a lone
+            # new pod is available.
+            if new is None or old is not None or new_wait != 0:
+                fields["unavailable"] = 1
+            if new is not None and old is not None:
+                if new_wait != 0:
+                    fields["surging"] = 1
+                else:
+                    fields["retire"] = old.obj["metadata"]["name"]
+        elif old_wait != 0:
+            fields["replace"] = old.obj["metadata"]["name"]
+            fields["allowed_new"] = True
+        else:
+            fields["candidate"] = old.obj["metadata"]["name"]
+            fields["candidate_new"] = True
+        return NodeRecord(**fields)
+
+    def _roll(self, ds: dict[str, Any], state: DaemonState) -> None:
+        """One RollingUpdate step over the records (all nodes are up to date here)."""
+        desired = state.totals["desired"]
+        max_surge, max_unavailable = _rollout_limits(ds, desired)
+        if max_surge == 0:
+            for node, pod_name in list(state.replace.items()):
+                self._delete_named(ds, state, node, pod_name)
+            budget = max_unavailable - state.totals["unavailable"]
+            if budget > 0 and state.candidates:
+                for node in heapq.nsmallest(budget, state.candidates):
+                    self._delete_named(ds, state, node, state.candidates[node])
+            return
+        for node, pod_name in list(state.retire.items()):
+            self._delete_named(ds, state, node, pod_name)
+        for node in sorted(state.allowed_new):
+            self._create_pod(ds, state, node)
+        budget = max_surge - state.totals["surging"]
+        if budget > 0 and state.candidate_new:
+            for node in heapq.nsmallest(budget, state.candidate_new):
+                self._create_pod(ds, state, node)
+
+    def _publish(self, stored: Stored, state: DaemonState, *, final: bool) -> None:
+        """Write status when it changed: at the end of a pass, or now and then during one."""
+        ds = stored.obj
+        totals = state.totals
         status: dict[str, Any] = {
-            "currentNumberScheduled": current,
-            "desiredNumberScheduled": desired,
-            "numberMisscheduled": misscheduled,
-            "numberReady": ready,
+            "currentNumberScheduled": totals["current"],
+            "desiredNumberScheduled": totals["desired"],
+            "numberMisscheduled": totals["misscheduled"],
+            "numberReady": totals["ready"],
             "observedGeneration": ds["metadata"].get("generation", 1),
-            "updatedNumberScheduled": updated,
+            "updatedNumberScheduled": totals["updated"],
         }
-        if available:
-            status["numberAvailable"] = available
-        if desired - available > 0:
-            status["numberUnavailable"] = desired - available
+        if totals["available"]:
+            status["numberAvailable"] = totals["available"]
+        if totals["desired"] - totals["available"] > 0:
+            status["numberUnavailable"] = totals["desired"] - totals["available"]
         if "collisionCount" in (ds.get("status") or {}):
             status["collisionCount"] = ds["status"]["collisionCount"]
-        if ds.get("status") != status:
-            self._write_status(stored, status)
-
-    def _write_status(self, stored: Stored, status: dict[str, Any]) -> None:
+        if ds.get("status") == status:
+            return
+        now = time.monotonic()
+        if not final and now - state.last_status < STATUS_INTERVAL:
+            return
+        state.last_status = now
         obj = stored.copy()
         obj["status"] = status
         meta = obj["metadata"]
@@ -167,75 +541,73 @@ class DaemonSetController(Controller):
             subresource="status",
         )
 
-    def _delete(self, pods_rt: Any, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
+    # ----- writes -----------------------------------------------------------------------------
+
+    def _event(self, ds: dict[str, Any], event_type: str, reason: str, message: str) -> None:
+        self.events.record(ds, event_type, reason, message, component="daemonset-controller")
+
+    def _delete_named(self, ds: dict[str, Any], state: DaemonState, node: str, name: str) -> None:
+        found = (state.pods.get(node) or {}).get(name)
+        if found is not None:
+            self._delete(ds, found)
+
+    def _delete(self, ds: dict[str, Any], pod: Stored) -> None:
+        meta = pod.obj["metadata"]
         if meta.get("deletionTimestamp"):
             return
-        self.store.remove(pods_rt, meta["namespace"], meta["name"])
+        try:
+            self.store.remove(self.rt("pods"), meta["namespace"], meta["name"])
+        except errors.ApiError as exc:
+            if exc.code != 404:
+                raise
+            return
+        self._event(ds, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}")
 
-    def _create_pod(
-        self, ds: dict[str, Any], template: dict[str, Any], node: str, revision_hash: str
-    ) -> None:
-        meta = ds["metadata"]
-        template_meta = template.get("metadata") or {}
-        spec = copy.deepcopy(template.get("spec") or {})
+    def _create_pod(self, ds: dict[str, Any], state: DaemonState, node: str) -> None:
+        pod: dict[str, Any] = json.loads(state.prototype)
+        spec = pod["spec"]
         spec["nodeName"] = node
-        affinity = spec.setdefault("affinity", {})
-        node_affinity = affinity.setdefault("nodeAffinity", {})
-        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        # As upstream, the required node affinity is replaced by one term pinning the node.
+        spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})[
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ] = {
             "nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
             ]
         }
-        spec["tolerations"] = scheduling.daemon_tolerations(spec)
-        labels = dict(template_meta.get("labels") or {})
-        labels["controller-revision-hash"] = revision_hash
-        labels["pod-template-generation"] = str(meta.get("generation", 1))
-        pod: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "generateName": f"{meta['name']}-",
-                "namespace": meta["namespace"],
-                "labels": labels,
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "DaemonSet",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": spec,
-        }
-        if template_meta.get("annotations"):
-            pod["metadata"]["annotations"] = dict(template_meta["annotations"])
-        self.store.insert(self.rt("pods"), pod)
+        created = self.store.insert(self.rt("pods"), pod)
+        self._event(
+            ds, "Normal", "SuccessfulCreate", f"Created pod: {created.obj['metadata']['name']}"
+        )
+
+    # ----- revisions --------------------------------------------------------------------------
+
+    def _revisions(self, uid: str) -> list[dict[str, Any]]:
+        return [
+            s.obj
+            for key, ns, rev_name in self.store.dependents(uid)
+            if key == REVISION_KEY and (s := self.store.peek(key, ns, rev_name)) is not None
+        ]
 
     def _ensure_revision(
-        self, ds: dict[str, Any], template: dict[str, Any], revision_hash: str
+        self, ds: dict[str, Any], state: DaemonState, template: dict[str, Any]
     ) -> None:
         meta = ds["metadata"]
         rt = self.rt("controllerrevisions.apps")
-        name = f"{meta['name']}-{revision_hash}"
-        revisions = [
-            s.obj
-            for key, ns, rev_name in self.store.dependents(meta["uid"])
-            if key == REVISION_KEY and (s := self.store.peek(key, ns, rev_name)) is not None
-        ]
+        name = f"{meta['name']}-{state.hash}"
+        revisions = self._revisions(meta["uid"])
         highest = max((int(r.get("revision", 0)) for r in revisions), default=0)
+        limit = int((ds.get("spec") or {}).get("revisionHistoryLimit", 10))
         existing = next((r for r in revisions if r["metadata"]["name"] == name), None)
+        state.cleanup_pending = len(revisions) + (existing is None) > limit + 1
         if existing is not None:
             if int(existing.get("revision", 0)) == highest:
                 return
-            updated = copy.deepcopy(existing)
+            updated = json.loads(json.dumps(existing))
             updated["revision"] = highest + 1
             self.store.replace(rt, updated, namespace=meta["namespace"], name=name)
             return
-        data_template = copy.deepcopy(template)
+        data_template = json.loads(json.dumps(template))
         data_template["$patch"] = "replace"
         revision = {
             "apiVersion": "apps/v1",
@@ -245,41 +617,149 @@ class DaemonSetController(Controller):
                 "namespace": meta["namespace"],
                 "labels": {
                     **((template.get("metadata") or {}).get("labels") or {}),
-                    "controller-revision-hash": revision_hash,
+                    HASH_LABEL: state.hash,
                 },
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "DaemonSet",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [_owner_ref(ds)],
             },
             "data": {"spec": {"template": data_template}},
             "revision": highest + 1,
         }
         if self.store.peek(REVISION_KEY, meta["namespace"], name) is None:
             self.store.insert(rt, revision)
+
+    def _cleanup_history(self, ds: dict[str, Any], state: DaemonState) -> None:
+        """Delete the oldest revisions beyond the limit that no live pod still uses."""
+        meta = ds["metadata"]
         limit = int((ds.get("spec") or {}).get("revisionHistoryLimit", 10))
-        old = sorted(revisions, key=lambda r: int(r.get("revision", 0)))
-        for stale in old[: max(0, len(old) + 1 - (limit + 1))]:
-            self.store.remove(rt, meta["namespace"], stale["metadata"]["name"])
+        current = f"{meta['name']}-{state.hash}"
+        old = sorted(
+            (r for r in self._revisions(meta["uid"]) if r["metadata"]["name"] != current),
+            key=lambda r: int(r.get("revision", 0)),
+        )
+        excess = len(old) - limit
+        if excess <= 0:
+            state.cleanup_pending = False
+            return
+        live = {
+            _labels(s).get(HASH_LABEL) for bucket in state.pods.values() for s in bucket.values()
+        }
+        rt = self.rt("controllerrevisions.apps")
+        for revision in old:
+            if excess <= 0:
+                break
+            if (revision["metadata"].get("labels") or {}).get(HASH_LABEL) in live:
+                continue
+            self.store.remove(rt, meta["namespace"], revision["metadata"]["name"])
+            excess -= 1
+        state.cleanup_pending = excess > 0
+
+
+# ----- helpers ------------------------------------------------------------------------------
+
+
+def _pod_prototype(ds: dict[str, Any], template: dict[str, Any], revision_hash: str) -> Any:
+    """The pod every node gets, before its node name and node affinity are filled in."""
+    meta = ds["metadata"]
+    template_meta = template.get("metadata") or {}
+    spec = json.loads(json.dumps(template.get("spec") or {}))
+    spec["tolerations"] = scheduling.daemon_tolerations(spec)
+    labels = dict(template_meta.get("labels") or {})
+    labels[HASH_LABEL] = revision_hash
+    labels["pod-template-generation"] = str(meta.get("generation", 1))
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"{meta['name']}-",
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "ownerReferences": [_owner_ref(ds)],
+        },
+        "spec": spec,
+    }
+    if template_meta.get("annotations"):
+        pod["metadata"]["annotations"] = dict(template_meta["annotations"])
+    return pod
+
+
+def _owner_ref(ds: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "name": ds["metadata"]["name"],
+        "uid": ds["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _rolling(ds: dict[str, Any]) -> bool:
+    strategy = (ds.get("spec") or {}).get("updateStrategy") or {}
+    return bool(strategy.get("type", "RollingUpdate") == "RollingUpdate")
+
+
+def _rolling_spec(ds: dict[str, Any]) -> dict[str, Any]:
+    strategy = (ds.get("spec") or {}).get("updateStrategy") or {}
+    return dict(strategy.get("rollingUpdate") or {}) if _rolling(ds) else {}
+
+
+def _surge_allowed(ds: dict[str, Any]) -> bool:
+    """Whether maxSurge is non-zero (a percentage counts against one node, as upstream)."""
+    return scheduling.scaled_value(_rolling_spec(ds).get("maxSurge", 0), 1, True) != 0
+
+
+def _rollout_limits(ds: dict[str, Any], desired: int) -> tuple[int, int]:
+    """(maxSurge, maxUnavailable) against the desired count, both rounded up; when both come
+    out zero for a non-empty DaemonSet, one node may be unavailable."""
+    rolling = _rolling_spec(ds)
+    max_surge = scheduling.scaled_value(rolling.get("maxSurge", 0), desired, True)
+    max_unavailable = scheduling.scaled_value(rolling.get("maxUnavailable", 1), desired, True)
+    if desired > 0 and max_surge == 0 and max_unavailable == 0:
+        max_unavailable = 1
+    return max_surge, max_unavailable
+
+
+def _min_ready(ds: dict[str, Any]) -> int:
+    return int((ds.get("spec") or {}).get("minReadySeconds") or 0)
+
+
+def _labels(stored: Stored) -> dict[str, str]:
+    labels: dict[str, str] = stored.obj["metadata"].get("labels") or {}
+    return labels
+
+
+def _age(stored: Stored) -> tuple[str, str]:
+    meta = stored.obj["metadata"]
+    return (meta.get("creationTimestamp", ""), meta["name"])
+
+
+def _live(pods: Iterable[Stored] | dict[str, Stored] | None) -> list[Stored]:
+    """The pods that are not being deleted."""
+    if pods is None:
+        return []
+    values = pods.values() if isinstance(pods, dict) else pods
+    return [s for s in values if not s.obj["metadata"].get("deletionTimestamp")]
+
+
+def _pod_ref(stored: Stored) -> str:
+    meta = stored.obj["metadata"]
+    return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
 def _ident(stored: Stored) -> tuple[str, str]:
-    meta = stored.obj["metadata"]
+    return _ident_of(stored.obj)
+
+
+def _ident_of(obj: dict[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
     return (meta.get("namespace", ""), meta["name"])
 
 
 def _placement_changed(event: Event) -> bool:
-    """Whether a node change can affect daemon placement or availability."""
+    """Whether a node change can affect daemon placement (labels, taints, spec)."""
     assert event.old is not None
     new, old = event.new.obj, event.old.obj
-    return (
+    return bool(
         new["metadata"].get("labels") != old["metadata"].get("labels")
         or new.get("spec") != old.get("spec")
-        or scheduling.node_ready(new) != scheduling.node_ready(old)
     )

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import fnmatch
+import hashlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from kubesim import errors, selectors
 from kubesim.controllers.base import Controller
+from kubesim.controllers.volumes import (
+    CONFIGMAP_KEY,
+    SECRET_KEY,
+    NodeFilesystems,
+    PathNotMounted,
+    PodVolumes,
+    node_allocatable,
+    resolve_within,
+)
 from kubesim.store import Event, Store, dumps, now
+from kubesim.streaming.runtime import ContainerInstance, ContainerIO, ContainerRuntime
 
 log = logging.getLogger("kubesim.kubelet")
 POD_KEY = ("", "pods")
@@ -36,7 +47,18 @@ class KubeletConfig:
     init_container_duration: float = 0.05
     start_delay: float = 0.05
     ready_delay: float = 0.05
+    # First back-off before restarting a container that exited (the real kubelet's 10 s), doubling
+    # up to `restart_delay_max` (its 5 min); the first restart is immediate, as in the kubelet.
     restart_delay: float = 0.1
+    restart_delay_max: float = 3.0
+    # A container with no runner but a `command` or `args` in a Never/OnFailure pod exits 0 after
+    # this long (None: such containers run until stopped, like everything without a runner).
+    command_duration: float | None = 0.05
+    # How long a simulated image pull takes (`Pulling`/`Pulled` events either way).
+    pull_delay: float = 0.0
+    # First retry of a volume that failed to mount (FailedMount), doubling up to 30 times this;
+    # not zeroed by `instant`, since it is a polling interval rather than a latency.
+    mount_retry_delay: float = 0.2
     termination_delay: float = 0.0
     lease_interval: float | None = 10.0
     kubelet_version: str = "v1.35.0"
@@ -61,8 +83,9 @@ class KubeletConfig:
         return 0.0 if self.instant else value
 
 
-class PodContext:
-    """What a pod runner sees: its pod, node and container, and levers on the container's state."""
+class PodContext(ContainerIO):
+    """What a pod runner sees: its pod, node and container, and levers on the container's state
+    (output, stdin, exec and served ports come from `ContainerIO`)."""
 
     def __init__(
         self,
@@ -70,8 +93,11 @@ class PodContext:
         pod: dict[str, Any],
         container: dict[str, Any],
         init: bool,
+        instance: ContainerInstance | None = None,
     ) -> None:
         self._kubelet = kubelet
+        uid = pod["metadata"].get("uid", "")
+        self._instance = instance or ContainerInstance(uid, container, "")
         self.pod = pod
         self.container = container
         self.container_name: str = container.get("name", "")
@@ -86,6 +112,8 @@ class PodContext:
         self.stopping = asyncio.Event()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.ready_set: bool | None = None
+        # The pod's volumes (set by the kubelet when they are written for this pod).
+        self.volumes: PodVolumes | None = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -105,6 +133,30 @@ class PodContext:
     def node(self) -> dict[str, Any] | None:
         """A copy of this pod's Node object (convenience; real node programs use the API)."""
         return self._kubelet.store.get("nodes", self.node_name)
+
+    def path(self, container_path: str, *, write: bool = False) -> Path:
+        """Where a path of this container lives on this machine, through its volumeMounts
+        (hostPath, configMap, secret, emptyDir, downwardAPI, projected, with subPath).
+
+        Raises `PathNotMounted` (a FileNotFoundError) for a path no mount covers, since kubesim
+        has no image filesystem, and PermissionError (EROFS) with `write=True` on a read-only
+        mount; kubesim cannot stop writes through a Path obtained without `write=True`.
+        """
+        if self.volumes is None:
+            raise PathNotMounted(
+                f"pod {self.namespace}/{self.name} has no volumes set up", container_path
+            )
+        return self.volumes.path(self.container, self.env, container_path, write=write)
+
+    def host_path(self, path: str = "/") -> Path:
+        """A path of this pod's node on this machine (for node-level programs), resolved so
+        that symlinks cannot lead outside the node's root."""
+        return self._kubelet.host_path(self.node_name, path)
+
+    @property
+    def node_root(self) -> Path:
+        """The node's root directory (its `/`) on this machine."""
+        return self._kubelet.node_root(self.node_name)
 
 
 @runtime_checkable
@@ -184,13 +236,14 @@ def resolve_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str
 
 
 class _PodWorker:
-    """Drives one pod: init containers in order, then each container with restarts."""
+    """Drives one pod: volumes, init containers in order, then each container with restarts."""
 
     def __init__(self, kubelet: Kubelet, pod: dict[str, Any]) -> None:
         self.kubelet = kubelet
         self.key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         self.uid = pod["metadata"]["uid"]
         self.pod = pod
+        self.node_name: str = pod["spec"]["nodeName"]
         self.contexts: dict[str, PodContext] = {}
         self.runner_tasks: dict[str, asyncio.Task[int]] = {}
         self.init_statuses: list[dict[str, Any]] = []
@@ -200,36 +253,81 @@ class _PodWorker:
         self.task: asyncio.Task[None] | None = None
         self.terminating = False
         self.started = now()
+        # Volumes are set up and the sandbox exists (PodReadyToStartContainers).
+        self.sandbox_ready = False
+        self.volumes: PodVolumes | None = None
+        # Set when something a failed mount waits for may have changed.
+        self.wake = asyncio.Event()
+        # Restarts so far per container, for the back-off (reset after a long enough run).
+        self.backoff: dict[str, int] = {}
+        # Debug containers added through pods/ephemeralcontainers (never restarted).
+        self.ephemeral_statuses: list[dict[str, Any]] = []
+        self.ephemeral_tasks: dict[str, asyncio.Task[None]] = {}
 
     # ----- status model ---------------------------------------------------------------------
 
-    def _condition(self, ctype: str, value: bool) -> None:
+    def _condition(self, ctype: str, value: bool, reason: str = "", message: str = "") -> None:
         status = "True" if value else "False"
         current = self.conditions.get(ctype)
-        if current is None or current["status"] != status:
-            self.conditions[ctype] = {
-                "type": ctype,
-                "status": status,
-                "lastProbeTime": None,
-                "lastTransitionTime": now(),
-            }
+        if (
+            current is not None
+            and current["status"] == status
+            and current.get("reason", "") == reason
+            and current.get("message", "") == message
+        ):
+            return
+        condition: dict[str, Any] = {
+            "type": ctype,
+            "status": status,
+            "lastProbeTime": None,
+            "lastTransitionTime": current["lastTransitionTime"]
+            if current is not None and current["status"] == status
+            else now(),
+        }
+        if reason:
+            condition["reason"] = reason
+        if message:
+            condition["message"] = message
+        self.conditions[ctype] = condition
 
     def refresh_conditions(self) -> None:
         spec = self.pod.get("spec") or {}
-        inits_done = all(
-            ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
+        incomplete = [
+            s["name"]
             for s in self.init_statuses
-        ) and len(self.init_statuses) == len(spec.get("initContainers") or [])
-        all_ready = bool(self.statuses) and all(s.get("ready") for s in self.statuses)
-        self._condition("PodReadyToStartContainers", True)
-        self._condition("Initialized", inits_done)
-        self._condition("Ready", all_ready and not self.terminating)
-        self._condition("ContainersReady", all_ready)
+            if ((s.get("state") or {}).get("terminated") or {}).get("exitCode") != 0
+        ]
+        inits_done = not incomplete and len(self.init_statuses) == len(
+            spec.get("initContainers") or []
+        )
+        unready = [s["name"] for s in self.statuses if not s.get("ready")]
+        all_ready = bool(self.statuses) and not unready
+        finished = self.phase in ("Succeeded", "Failed")
+        if finished:
+            why, message = "PodCompleted", ""
+        else:
+            why, message = (
+                "ContainersNotReady",
+                f"containers with unready status: [{' '.join(unready)}]",
+            )
+        self._condition("PodReadyToStartContainers", self.sandbox_ready and not finished)
+        if inits_done:
+            self._condition("Initialized", True)
+        else:
+            self._condition(
+                "Initialized",
+                False,
+                "ContainersNotInitialized",
+                f"containers with incomplete status: [{' '.join(incomplete)}]",
+            )
+        ready = all_ready and not self.terminating and not finished
+        self._condition("Ready", ready, *(() if ready else (why, message)))
+        self._condition("ContainersReady", all_ready, *(() if all_ready else (why, message)))
         self._condition("PodScheduled", True)
 
     def status(self) -> dict[str, Any]:
         self.refresh_conditions()
-        node_ip = self.kubelet.node_ip(self.pod["spec"]["nodeName"])
+        node_ip = self.kubelet.node_ip(self.node_name)
         status: dict[str, Any] = {
             "phase": self.phase,
             "conditions": [
@@ -244,14 +342,18 @@ class _PodWorker:
             ],
             "hostIP": node_ip,
             "hostIPs": [{"ip": node_ip}],
-            "podIP": self.kubelet.pod_ip(self.uid, self.pod),
             "startTime": self.started,
             "qosClass": (self.pod.get("status") or {}).get("qosClass", "BestEffort"),
             "containerStatuses": self.statuses,
         }
-        status["podIPs"] = [{"ip": status["podIP"]}]
+        if self.sandbox_ready:
+            # The pod network (and so its IP) exists once the sandbox does.
+            status["podIP"] = self.kubelet.pod_ip(self.uid, self.pod)
+            status["podIPs"] = [{"ip": status["podIP"]}]
         if self.init_statuses:
             status["initContainerStatuses"] = self.init_statuses
+        if self.ephemeral_statuses:
+            status["ephemeralContainerStatuses"] = self.ephemeral_statuses
         return status
 
     def _container_status(self, container: dict[str, Any]) -> dict[str, Any]:
@@ -270,6 +372,23 @@ class _PodWorker:
     def mark(self) -> None:
         self.kubelet.mark_dirty(self.key)
 
+    def event(self, event_type: str, reason: str, message: str, field_path: str = "") -> None:
+        """Record a kubelet Event about this pod (or one of its containers)."""
+        self.kubelet.events.record(
+            self.pod,
+            event_type,
+            reason,
+            message,
+            component="kubelet",
+            host=self.node_name,
+            field_path=field_path,
+        )
+
+    @property
+    def pod_ref(self) -> str:
+        """The pod as the kubelet names it in messages: `name_namespace(uid)`."""
+        return f"{self.key[1]}_{self.key[0]}({self.uid})"
+
     # ----- lifecycle --------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -286,27 +405,22 @@ class _PodWorker:
                 status["state"] = {"waiting": {"reason": "PodInitializing"}}
         if cfg.delay(cfg.pending_delay):
             await asyncio.sleep(cfg.delay(cfg.pending_delay))
-        self.mark()
+        if not cfg.instant:
+            # Instant mode publishes only the settled state (one status write per pod).
+            self.mark()
+        await self._mount_volumes()
+        self.sandbox_ready = True
         restart_policy = spec.get("restartPolicy", "Always")
         for index, container in enumerate(inits):
             status = self.init_statuses[index]
             while True:
-                status["state"] = {"running": {"startedAt": now()}}
-                status["started"] = True
-                status["containerID"] = f"containerd://{self.uid[:8]}{index:04d}i"
+                started_at = await self._start(container, status, index, init=True)
                 self.mark()
+                began = asyncio.get_running_loop().time()
                 code = await self._run_container(container, init=True)
+                terminated = self._terminated(code, started_at, status)
                 status["started"] = False
-                status["state"] = {
-                    "terminated": {
-                        "exitCode": code,
-                        "reason": "Completed" if code == 0 else "Error",
-                        "startedAt": status.get("state", {})
-                        .get("running", {})
-                        .get("startedAt", now()),
-                        "finishedAt": now(),
-                    }
-                }
+                status["state"] = {"terminated": terminated}
                 self.mark()
                 if code == 0:
                     break
@@ -315,14 +429,153 @@ class _PodWorker:
                     self.mark()
                     return
                 status["restartCount"] += 1
-                status["lastState"] = status["state"]
-                status["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
-                self.mark()
-                await asyncio.sleep(cfg.delay(cfg.restart_delay))
-        loops = [self._container_loop(i, c, restart_policy) for i, c in enumerate(containers)]
-        codes = await asyncio.gather(*loops)
+                status["lastState"] = {"terminated": terminated}
+                await self._back_off(container, status, began, init=True)
+        if len(containers) == 1:
+            # Inline, so an instant pod settles within one loop turn (one status write).
+            codes = [await self._container_loop(0, containers[0], restart_policy)]
+        else:
+            loops = [self._container_loop(i, c, restart_policy) for i, c in enumerate(containers)]
+            codes = list(await asyncio.gather(*loops))
         self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
         self.mark()
+
+    async def _mount_volumes(self) -> None:
+        """Set up the pod's volumes, retrying (with FailedMount Events) until all are there."""
+        kubelet = self.kubelet
+        spec = self.pod.get("spec") or {}
+        if kubelet.filesystems is None or not spec.get("volumes"):
+            return
+        containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+        # Files are written only for pods a runner can look into; the checks happen for all.
+        materialize = any(kubelet.runner_for(self.pod, c) is not None for c in containers)
+        node = kubelet.store.peek(NODE_KEY, "", self.node_name)
+        self.volumes = PodVolumes(
+            kubelet.filesystems,
+            kubelet.store,
+            self.pod,
+            materialize=materialize,
+            node_allocatable=node_allocatable(node.obj if node is not None else None),
+        )
+        kubelet.track_volumes(self)
+        delay = kubelet.config.mount_retry_delay
+        while True:
+            self.wake.clear()
+            failures = self.volumes.mount_all()
+            if not failures:
+                return
+            for name, message in failures:
+                self.event(
+                    "Warning",
+                    "FailedMount",
+                    f'MountVolume.SetUp failed for volume "{name}" : {message}',
+                )
+            self.mark()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), delay)
+            delay = min(delay * 2, kubelet.config.mount_retry_delay * 30)
+
+    @staticmethod
+    def _field_path(container: dict[str, Any], init: bool) -> str:
+        kind = "initContainers" if init else "containers"
+        return f"spec.{kind}{{{container.get('name', '')}}}"
+
+    async def _pull(self, container: dict[str, Any], field_path: str) -> None:
+        """The image step: a pull (Pulling/Pulled) unless the node has the image and the policy
+        lets the kubelet reuse it."""
+        cfg = self.kubelet.config
+        image = container.get("image", "")
+        images = self.kubelet.images.setdefault(self.node_name, set())
+        policy = container.get("imagePullPolicy") or "IfNotPresent"
+        if policy != "Always" and (image in images or policy == "Never"):
+            self.event(
+                "Normal",
+                "Pulled",
+                f'Container image "{image}" already present on machine and can be accessed '
+                "by the pod",
+                field_path,
+            )
+            return
+        self.event("Normal", "Pulling", f'Pulling image "{image}"', field_path)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        if cfg.delay(cfg.pull_delay):
+            await asyncio.sleep(cfg.delay(cfg.pull_delay))
+        took = go_duration(loop.time() - began)
+        images.add(image)
+        self.event(
+            "Normal",
+            "Pulled",
+            f'Successfully pulled image "{image}" in {took} ({took} including waiting). '
+            f"Image size: {image_size(image)} bytes.",
+            field_path,
+        )
+
+    async def _start(
+        self, container: dict[str, Any], status: dict[str, Any], index: int, *, init: bool
+    ) -> str:
+        """Pull, create and start one container (with their Events); returns its start time."""
+        cfg = self.kubelet.config
+        field_path = self._field_path(container, init)
+        await self._pull(container, field_path)
+        if not init and cfg.delay(cfg.start_delay):
+            await asyncio.sleep(cfg.delay(cfg.start_delay))
+        if self.volumes is not None:
+            self.volumes.prepare_container(container, resolve_env(self.pod, container))
+        suffix = "i" if init else ""
+        status["containerID"] = (
+            f"containerd://{self.uid[:8]}{index:04d}{status['restartCount']:04d}{suffix}"
+        )
+        self.event("Normal", "Created", "Container created", field_path)
+        started_at = now()
+        status["state"] = {"running": {"startedAt": started_at}}
+        status["started"] = True
+        self.event("Normal", "Started", "Container started", field_path)
+        return started_at
+
+    @staticmethod
+    def _terminated(code: int, started_at: str, status: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": started_at,
+            "finishedAt": now(),
+            "containerID": status["containerID"],
+        }
+
+    async def _back_off(
+        self, container: dict[str, Any], status: dict[str, Any], began: float, *, init: bool
+    ) -> None:
+        """Wait before a restart: none the first time, then the initial back-off doubling to the
+        cap; a container that ran for twice the cap starts over, as in the kubelet."""
+        cfg = self.kubelet.config
+        name = container.get("name", "")
+        key = f"{'init/' if init else ''}{name}"
+        cap = max(cfg.delay(cfg.restart_delay_max), 0.001)
+        if asyncio.get_running_loop().time() - began >= 2 * cap:
+            self.backoff.pop(key, None)
+        count = self.backoff.get(key, 0)
+        self.backoff[key] = count + 1
+        if count == 0:
+            status["state"] = {"waiting": {"reason": "ContainerCreating"}}
+            self.mark()
+            return
+        delay = min(max(cfg.delay(cfg.restart_delay), 0.001) * 2 ** (count - 1), cap)
+        status["state"] = {
+            "waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {go_duration(delay)} restarting failed "
+                f"container={name} pod={self.pod_ref}",
+            }
+        }
+        self.mark()
+        self.event(
+            "Warning",
+            "BackOff",
+            f"Back-off restarting failed container {name} in pod {self.pod_ref}",
+            self._field_path(container, init),
+        )
+        await asyncio.sleep(delay)
 
     async def _container_loop(
         self, index: int, container: dict[str, Any], restart_policy: str
@@ -330,34 +583,24 @@ class _PodWorker:
         cfg = self.kubelet.config
         status = self.statuses[index]
         while True:
-            if cfg.delay(cfg.start_delay):
-                await asyncio.sleep(cfg.delay(cfg.start_delay))
-            started_at = now()
-            status["state"] = {"running": {"startedAt": started_at}}
-            status["started"] = True
-            status["containerID"] = (
-                f"containerd://{self.uid[:8]}{index:04d}{status['restartCount']:04d}"
-            )
+            started_at = await self._start(container, status, index, init=False)
             self.phase = "Running"
             self.mark()
-            code_task = asyncio.ensure_future(self._run_container(container, init=False))
-            ready_task: asyncio.Future[None] | None = None
             registration = self.kubelet.runner_for(self.pod, container)
             probe_driven = registration is not None and bool(container.get("readinessProbe"))
+            ready_task: asyncio.Future[None] | None = None
             if not probe_driven:
-                ready_task = asyncio.ensure_future(self._become_ready(status))
-            code = await code_task
+                if cfg.delay(cfg.ready_delay):
+                    ready_task = asyncio.ensure_future(self._become_ready(status))
+                else:
+                    status["ready"] = True
+            began = asyncio.get_running_loop().time()
+            code = await self._run_container(container, init=False)
             if ready_task is not None:
                 ready_task.cancel()
             status["ready"] = False
             status["started"] = False
-            terminated = {
-                "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
-                "startedAt": started_at,
-                "finishedAt": now(),
-                "containerID": status["containerID"],
-            }
+            terminated = self._terminated(code, started_at, status)
             restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
             if not restart:
                 status["state"] = {"terminated": terminated}
@@ -365,11 +608,7 @@ class _PodWorker:
                 return code
             status["restartCount"] += 1
             status["lastState"] = {"terminated": terminated}
-            status["state"] = {
-                "waiting": {"reason": "CrashLoopBackOff" if code else "ContainerCreating"}
-            }
-            self.mark()
-            await asyncio.sleep(max(cfg.delay(cfg.restart_delay), 0.001))
+            await self._back_off(container, status, began, init=False)
 
     async def _become_ready(self, status: dict[str, Any]) -> None:
         cfg = self.kubelet.config
@@ -378,16 +617,48 @@ class _PodWorker:
         status["ready"] = True
         self.mark()
 
+    def _finishes(self, container: dict[str, Any]) -> bool:
+        """Whether a container without a runner is a command that runs to completion: one with
+        a command or args in a pod that is not restarted on success. Elsewhere (DaemonSets,
+        Deployments) a command is usually a server, so it keeps running."""
+        restart_policy = (self.pod.get("spec") or {}).get("restartPolicy", "Always")
+        return (
+            self.kubelet.config.command_duration is not None
+            and restart_policy in ("Never", "OnFailure")
+            and bool(container.get("command") or container.get("args"))
+        )
+
     async def _run_container(self, container: dict[str, Any], init: bool) -> int:
+        # Each run is a new instance: its own log (the previous run's is kept), stdin and ports.
+        instance = self.kubelet.runtime.start(self.uid, container, "")
+        try:
+            return await self._run_program(container, init, instance)
+        finally:
+            await instance.finish()
+
+    async def _run_program(
+        self, container: dict[str, Any], init: bool, instance: ContainerInstance
+    ) -> int:
         cfg = self.kubelet.config
         registration = self.kubelet.runner_for(self.pod, container)
         if registration is None:
             if init:
-                await asyncio.sleep(cfg.delay(cfg.init_container_duration))
+                if cfg.delay(cfg.init_container_duration):
+                    await asyncio.sleep(cfg.delay(cfg.init_container_duration))
+                return 0
+            if container.get("stdin"):
+                return await instance.run_idle()  # a shell reading what attached clients type
+            if self._finishes(container):
+                duration = cfg.delay(cfg.command_duration or 0.0)
+                if duration:
+                    await asyncio.sleep(duration)
                 return 0
             await asyncio.Event().wait()  # runs until the pod stops
             return 0
-        ctx = PodContext(self.kubelet, self.pod, container, init)
+        ctx = PodContext(self.kubelet, self.pod, container, init, instance)
+        ctx.volumes = (
+            self.volumes if self.volumes is not None and self.volumes.materialize else None
+        )
         self.contexts[ctx.container_name] = ctx
         runner = registration.runner
         try:
@@ -412,9 +683,34 @@ class _PodWorker:
         finally:
             self.contexts.pop(ctx.container_name, None)
 
-    async def stop(self, grace: float) -> None:
-        """Stop runners (object runners get `stop` within the grace period) and the worker."""
+    def running_containers(self) -> list[tuple[dict[str, Any], bool]]:
+        """(container, init) for each container currently running."""
+        spec = self.pod.get("spec") or {}
+        result = []
+        for init, containers, statuses in (
+            (True, spec.get("initContainers") or [], self.init_statuses),
+            (False, spec.get("containers") or [], self.statuses),
+        ):
+            for container, status in zip(containers, statuses, strict=False):
+                if "running" in (status.get("state") or {}):
+                    result.append((container, init))
+        return result
+
+    async def stop(
+        self, grace: float, *, announce: bool = False, keep_volumes: bool = False
+    ) -> None:
+        """Stop runners (object runners get `stop` within the grace period) and the worker;
+        `announce` records the kubelet's Killing Events (a deletion, not a lost node), and
+        `keep_volumes` leaves the pod's directories for when its node comes back."""
         self.terminating = True
+        if announce:
+            for container, init in self.running_containers():
+                self.event(
+                    "Normal",
+                    "Killing",
+                    f"Stopping container {container.get('name', '')}",
+                    self._field_path(container, init),
+                )
         for ctx in list(self.contexts.values()):
             ctx.stopping.set()
             registration = self.kubelet.runner_for(self.pod, ctx.container)
@@ -427,6 +723,65 @@ class _PodWorker:
             self.task.cancel()
             with contextlib.suppress(BaseException):
                 await self.task
+        for ephemeral_task in self.ephemeral_tasks.values():
+            ephemeral_task.cancel()
+        self.kubelet.untrack_volumes(self)
+        if self.volumes is not None and not keep_volumes:
+            self.volumes.teardown()
+        await self.kubelet.runtime.forget_pod(self.uid)
+
+    def sync_ephemeral(self, pod: dict[str, Any]) -> None:
+        """Start the ephemeral containers added to the pod since they were last looked at."""
+        if self.phase in ("Succeeded", "Failed"):
+            return  # the kubelet starts nothing in a finished pod
+        for container in (pod.get("spec") or {}).get("ephemeralContainers") or []:
+            name = container.get("name", "")
+            if name in self.ephemeral_tasks:
+                continue
+            status = self._container_status(container)
+            self.ephemeral_statuses.append(status)
+            self.ephemeral_tasks[name] = asyncio.ensure_future(
+                self._run_ephemeral(container, status, len(self.ephemeral_tasks))
+            )
+            self.mark()
+
+    async def _run_ephemeral(
+        self, container: dict[str, Any], status: dict[str, Any], index: int
+    ) -> None:
+        status.pop("started", None)  # ephemeral container statuses carry no `started`
+        status["containerID"] = f"containerd://{self.uid[:8]}e{index:03d}0000"
+        started_at = now()
+        status["state"] = {"running": {"startedAt": started_at}}
+        self.mark()
+        code = await self._run_container(container, init=False)
+        status["state"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started_at,
+                "finishedAt": now(),
+                "containerID": status["containerID"],
+            }
+        }
+        self.mark()
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go prints it after rounding to milliseconds (`0s`, `523ms`, `1.2s`, `1m5s`)."""
+    millis = round(seconds * 1000)
+    if millis == 0:
+        return "0s"
+    if millis < 1000:
+        return f"{millis}ms"
+    minutes, rest = divmod(millis, 60_000)
+    text = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def image_size(image: str) -> int:
+    """A stable, plausible size in bytes for an image (kubesim pulls nothing)."""
+    digest = hashlib.sha256(image.encode()).digest()
+    return 20_000_000 + int.from_bytes(digest[:4], "big") % 480_000_000
 
 
 async def _call(runner: PodRunnerFunction, ctx: PodContext) -> int | None:
@@ -462,6 +817,14 @@ class Kubelet(Controller):
         self._pod_ips: dict[str, str] = {}
         self._lease_task: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        # Node root directories; the cluster sets this (None: no volumes are set up).
+        self.filesystems: NodeFilesystems | None = None
+        # Images each node has pulled (for IfNotPresent's "already present").
+        self.images: dict[str, set[str]] = {}
+        # (namespace, resource, name) of a ConfigMap or Secret -> pods whose volumes read it.
+        self._volume_users: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
+        # Container instances (logs, stdin, exec handlers, served ports) for the streaming API.
+        self.runtime = ContainerRuntime()
 
     def start(self) -> None:
         super().start()
@@ -517,6 +880,55 @@ class Kubelet(Controller):
             )
         return ip
 
+    # ----- node filesystems and volumes ---------------------------------------------------------
+
+    def os_image(self, node: str) -> str:
+        """The node's `nodeInfo.osImage` (the configured default for unknown nodes)."""
+        stored = self.store.peek(NODE_KEY, "", node)
+        info = ((stored.obj.get("status") or {}).get("nodeInfo") or {}) if stored else {}
+        return str(info.get("osImage") or self.config.os_image)
+
+    def node_root(self, node: str) -> Path:
+        """A node's root directory (its `/`) on this machine."""
+        if self.filesystems is None:
+            raise RuntimeError(
+                "no node filesystems: the cluster is not running or has node_filesystems=False"
+            )
+        return self.filesystems.root(node)
+
+    def host_path(self, node: str, path: str = "/") -> Path:
+        """A node path on this machine; symlinks resolve inside the node's root."""
+        return resolve_within(self.node_root(node), path)
+
+    def track_volumes(self, worker: _PodWorker) -> None:
+        """Remember which ConfigMaps and Secrets a pod's volumes read (to update or retry them)."""
+        if worker.volumes is None:
+            return
+        for resource, name in worker.volumes.references:
+            self._volume_users.setdefault((worker.key[0], resource, name), set()).add(worker.key)
+
+    def untrack_volumes(self, worker: _PodWorker) -> None:
+        """Forget a pod's volume sources."""
+        if worker.volumes is None:
+            return
+        for resource, name in worker.volumes.references:
+            users = self._volume_users.get((worker.key[0], resource, name))
+            current = self.workers.get(worker.key)
+            if users is not None and (current is None or current is worker):
+                users.discard(worker.key)
+                if not users:
+                    del self._volume_users[(worker.key[0], resource, name)]
+
+    def _volume_source_changed(self, namespace: str, resource: str, name: str) -> None:
+        for pod_key in list(self._volume_users.get((namespace, resource, name), ())):
+            worker = self.workers.get(pod_key)
+            if worker is None or worker.volumes is None:
+                continue
+            if worker.sandbox_ready:
+                worker.volumes.refresh()
+            else:
+                worker.wake.set()
+
     # ----- events -------------------------------------------------------------------------------
 
     def initial_keys(self) -> list[Any]:
@@ -536,12 +948,23 @@ class Kubelet(Controller):
                 self.enqueue(("pod", meta["namespace"], meta["name"]))
         elif event.key == NODE_KEY and event.type == "DELETED":
             self.enqueue(("node-gone", event.new.obj["metadata"]["name"]))
+        elif event.key in (CONFIGMAP_KEY, SECRET_KEY) and self._volume_users:
+            meta = event.new.obj["metadata"]
+            resource = event.key[1]
+            if (meta.get("namespace", ""), resource, meta["name"]) in self._volume_users:
+                self.enqueue(("volume-source", meta.get("namespace", ""), resource, meta["name"]))
 
     def reconcile(self, key: Any) -> None:
         if key[0] == "node-gone":
             for bound_key, bound in list(self.workers.items()):
                 if bound.pod["spec"].get("nodeName") == key[1]:
                     self._discard(bound_key)
+            self.images.pop(key[1], None)
+            if self.filesystems is not None and self.store.peek(NODE_KEY, "", key[1]) is None:
+                self.filesystems.remove(key[1])
+            return
+        if key[0] == "volume-source":
+            self._volume_source_changed(*key[1:])
             return
         _, namespace, name = key
         pod_key = (namespace, name)
@@ -560,6 +983,14 @@ class Kubelet(Controller):
             if worker is None or not worker.terminating:
                 self._terminate(pod_key, pod, worker)
             return
+        if worker is not None and worker.volumes is not None and worker.sandbox_ready:
+            meta, before = pod["metadata"], worker.volumes.pod["metadata"]
+            if meta.get("labels") != before.get("labels") or meta.get("annotations") != before.get(
+                "annotations"
+            ):
+                worker.volumes.refresh(pod)  # downward API files follow labels and annotations
+        if worker is not None and (pod.get("spec") or {}).get("ephemeralContainers"):
+            worker.sync_ephemeral(pod)
         if worker is not None or node in self.down_nodes:
             return
         if self.store.peek(NODE_KEY, "", node) is None:
@@ -592,7 +1023,7 @@ class Kubelet(Controller):
 
         async def terminate() -> None:
             if worker is not None:
-                await worker.stop(grace)
+                await worker.stop(grace, announce=True)
             delay = min(cfg.delay(cfg.termination_delay), grace)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -791,6 +1222,12 @@ class Kubelet(Controller):
         self.store.replace(rt, json_copy(obj), namespace="", name=name, subresource="status")
         del obj["metadata"]["resourceVersion"]
         self.store.replace(rt, obj, namespace="", name=name)
+        self.node_event(
+            name,
+            "NodeReady" if ready else "NodeNotReady",
+            # A lost node does not report itself; the node lifecycle controller notices.
+            component="node-controller" if unreachable else "kubelet",
+        )
         if ready:
             self.down_nodes.discard(name)
             for pod in self.store.select(
@@ -808,7 +1245,7 @@ class Kubelet(Controller):
             if worker.pod["spec"].get("nodeName") != name:
                 continue
             self.workers.pop(pod_key)
-            self._spawn(worker.stop(0))
+            self._spawn(worker.stop(0, keep_volumes=True))
             current = self.store.peek(POD_KEY, *pod_key)
             if current is None:
                 continue
@@ -826,6 +1263,43 @@ class Kubelet(Controller):
                 self.store.replace(
                     pods_rt, pod_obj, namespace=pod_key[0], name=pod_key[1], subresource="status"
                 )
+            self.events.record(
+                current.obj,
+                "Warning",
+                "NodeNotReady",
+                "Node is not ready",
+                component="node-controller",
+            )
+
+    def node_event(
+        self, name: str, reason: str, message: str = "", *, component: str = "kubelet"
+    ) -> None:
+        """A node Event as the kubelet (`involvedObject.uid` is the node name, as the kubelet
+        sets it) or the node lifecycle controller (the node's uid) records it."""
+        stored = self.store.peek(NODE_KEY, "", name)
+        uid = name if component == "kubelet" or stored is None else stored.obj["metadata"]["uid"]
+        subject = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": uid}}
+        self.events.record(
+            subject,
+            "Normal",
+            reason,
+            message or f"Node {name} status is now: {reason}",
+            component=component,
+            host=name if component == "kubelet" else "",
+        )
+
+    def node_registered(self, name: str, *, ready: bool = True) -> None:
+        """The Events of a kubelet that starts and registers its node, and the node controller
+        noticing it (kubesim records the start, readiness and registration, not each condition)."""
+        self.node_event(name, "Starting", "Starting kubelet.")
+        if ready:
+            self.node_event(name, "NodeReady")
+        self.node_event(
+            name,
+            "RegisteredNode",
+            f"Node {name} event: Registered Node {name} in Controller",
+            component="node-controller",
+        )
 
 
 def _node_conditions(

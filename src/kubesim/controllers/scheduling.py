@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from kubesim import selectors
+from kubesim import quantity, selectors
 from kubesim.store import parse_time
 
 # Tolerations the DaemonSet controller adds to every daemon pod.
@@ -175,3 +175,125 @@ def template_hash(template: Any) -> str:
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).digest()
     alphabet = "bcdfghjklmnpqrstvwxz2456789"
     return "".join(alphabet[b % len(alphabet)] for b in digest[:10])
+
+
+# ----- resources and ports (shared by the scheduler and the kubelet) ---------------------------
+
+# What the scheduler assumes for a container without a CPU or memory request when it scores
+# nodes (the real scheduler's non-zero defaults: 0.1 core and 200 MiB); filtering uses zero.
+DEFAULT_MILLI_CPU = 100
+DEFAULT_MEMORY = 200 * 1024 * 1024
+NATIVE_RESOURCES = ("cpu", "memory", "pods", "ephemeral-storage")
+
+
+def is_scalar_resource(name: str) -> bool:
+    """Extended (`nvidia.com/gpu`), hugepages and prefixed native resources, which the scheduler
+    counts in whole units; unknown unprefixed names are ignored as the real scheduler does."""
+    return "/" in name or name.startswith(("hugepages-", "attachable-volumes-"))
+
+
+def resource_amount(name: str, value: Any) -> int:
+    """A quantity in the scheduler's integer unit: millicores for CPU, whole units otherwise."""
+    return quantity.milli(value) if name == "cpu" else quantity.units(value)
+
+
+def container_requests(container: dict[str, Any], *, non_zero: bool = False) -> dict[str, int]:
+    """A container's requests, each falling back to its limit (as API defaulting fills them);
+    `non_zero` substitutes the scoring defaults for missing CPU and memory."""
+    resources = container.get("resources") or {}
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    result: dict[str, int] = {}
+    for name, value in merged.items():
+        if name in ("cpu", "memory", "ephemeral-storage") or is_scalar_resource(name):
+            result[name] = resource_amount(name, value)
+    if non_zero:
+        result.setdefault("cpu", DEFAULT_MILLI_CPU)
+        result.setdefault("memory", DEFAULT_MEMORY)
+    return result
+
+
+def _add(total: dict[str, int], extra: dict[str, int]) -> None:
+    for name, value in extra.items():
+        total[name] = total.get(name, 0) + value
+
+
+def pod_requests(spec: dict[str, Any], *, non_zero: bool = False) -> dict[str, int]:
+    """The pod's effective request: max(sum of containers plus sidecars, each init container on
+    top of the sidecars started before it) plus overhead, with pod-level requests winning."""
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        _add(total, container_requests(container, non_zero=non_zero))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for container in spec.get("initContainers") or []:
+        requests = container_requests(container, non_zero=non_zero)
+        if container.get("restartPolicy") == "Always":
+            # A sidecar keeps running beside everything that starts after it.
+            _add(total, requests)
+            _add(sidecars, requests)
+            continue
+        running = dict(sidecars)
+        _add(running, requests)
+        for name, value in running.items():
+            init_peak[name] = max(init_peak.get(name, 0), value)
+    for name, value in init_peak.items():
+        total[name] = max(total.get(name, 0), value)
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    for name in ("cpu", "memory"):
+        if name in pod_level:
+            total[name] = resource_amount(name, pod_level[name])
+    _add(
+        total,
+        {
+            name: resource_amount(name, value)
+            for name, value in (spec.get("overhead") or {}).items()
+            if name in NATIVE_RESOURCES or is_scalar_resource(name)
+        },
+    )
+    return {name: value for name, value in total.items() if value}
+
+
+def node_allocatable(node: dict[str, Any]) -> dict[str, int]:
+    """A node's allocatable resources in the scheduler's integer units."""
+    status = node.get("status") or {}
+    source = status.get("allocatable") or status.get("capacity") or {}
+    result: dict[str, int] = {}
+    for name, value in source.items():
+        if name in NATIVE_RESOURCES or is_scalar_resource(name):
+            try:
+                result[name] = resource_amount(name, value)
+            except ValueError:
+                continue
+    return result
+
+
+def host_ports(spec: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """(protocol, hostPort, hostIP) the pod claims on its node; hostNetwork pods claim their
+    container ports (API defaulting copies containerPort to hostPort for them)."""
+    result = []
+    containers = list(spec.get("containers") or []) + [
+        c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"
+    ]
+    for container in containers:
+        for port in container.get("ports") or []:
+            host_port = port.get("hostPort") or (
+                port.get("containerPort") if spec.get("hostNetwork") else None
+            )
+            if not host_port:
+                continue
+            result.append(
+                (port.get("protocol") or "TCP", int(host_port), port.get("hostIP") or "0.0.0.0")
+            )
+    return result
+
+
+def untolerated_taint(
+    taints: list[dict[str, Any]], tolerations: list[dict[str, Any]], effects: tuple[str, ...]
+) -> dict[str, Any] | None:
+    """The first taint with one of `effects` that no toleration tolerates."""
+    for taint in taints:
+        if taint.get("effect") not in effects:
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
