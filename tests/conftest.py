@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from kubesim.auth.attributes import Attributes
+from kubesim.auth.rules import Rule
+
 ROOT = Path(__file__).resolve().parent.parent
 HELM = ROOT / ".tools" / "bin" / "helm"
 CHART = ROOT / "charts" / "gpu-operator"
@@ -20,6 +23,11 @@ NFD_STANDIN = ROOT / "tests" / "chart" / "nfd-standin"
 OPERATOR_NAMESPACE = "gpu-operator"
 OPERATOR_ACCOUNT = "gpu-operator"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"
+# Permissions the chart grants the operator that these suites cannot exercise, each with why.
+RBAC_UNEXERCISED = ROOT / "tests" / "chart" / "operator_rbac_unexercised.yaml"
+# Every request the chart's RBAC allowed the operator, across the suites that run it under RBAC.
+OPERATOR_GRANTS: set[tuple[str, Attributes]] = set()
 
 
 @pytest.fixture
@@ -59,6 +67,7 @@ def install_chart_rbac(sim: Any, values: Sequence[str | Path] = ()) -> Path:
         )
     for doc in chart_rbac_objects(tuple(str(v) for v in values)):
         store.create(yaml.safe_load(yaml.safe_dump(doc)))  # a private copy per cluster
+    sim.auth.granted = OPERATOR_GRANTS
     token = sim.auth.token_for_service_account(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
     path: Path = sim.auth.write_kubeconfig(
         token, Path(sim.kubeconfig_path).with_name("operator-kubeconfig"), OPERATOR_NAMESPACE
@@ -71,3 +80,116 @@ def chart_rbac() -> Callable[..., Path] | None:
     """`chart_rbac(sim, values=())` installs the chart's RBAC and returns a ServiceAccount
     kubeconfig; None when helm is not installed (scripts/setup installs it)."""
     return install_chart_rbac if HELM.exists() else None
+
+
+# ----- least privilege: a permission the chart grants but the operator never uses fails the run ---
+#
+# The suites that run the operator under the chart's RBAC (tests/controller and the chart-on-kubesim
+# tests) record every request it was allowed. When all of them ran and passed, every rule the chart
+# binds to the operator's ServiceAccount must have allowed at least one of those requests, or be
+# listed in RBAC_UNEXERCISED with the reason it is needed. A missing permission already fails those
+# tests (a 403 is asserted against); this catches the excess ones.
+
+_RBAC_SCOPE = ("tests/controller/", "tests/chart/test_on_kubesim.py")
+_scope_items: set[str] = set()
+_scope_passed: set[str] = set()
+
+
+def _in_rbac_scope(nodeid: str) -> bool:
+    return nodeid.startswith(_RBAC_SCOPE)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _scope_items.update(item.nodeid for item in session.items if _in_rbac_scope(item.nodeid))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed and _in_rbac_scope(report.nodeid):
+        _scope_passed.add(report.nodeid)
+
+
+def operator_rule_atoms() -> list[tuple[str, Rule]]:
+    """The chart's rules bound to the operator's ServiceAccount as (namespace, atom): "" for
+    cluster-wide grants, one atom per verb and resource."""
+    docs = chart_rbac_objects()
+    roles = {
+        (d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d for d in docs
+    }
+    atoms: dict[tuple[str, Rule], None] = {}
+    for binding in docs:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(
+            s.get("kind") == "ServiceAccount"
+            and s.get("name") == OPERATOR_ACCOUNT
+            and s.get("namespace", binding["metadata"].get("namespace")) == OPERATOR_NAMESPACE
+            for s in binding.get("subjects") or ()
+        ):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace", "")
+        role = roles.get(
+            (ref["kind"], "" if ref["kind"] == "ClusterRole" else namespace, ref["name"])
+        )
+        assert role is not None, f"{binding['metadata']['name']} binds a role the chart lacks"
+        for rule in role.get("rules") or ():
+            # Names are not split out: a rule listing the operand objects' names is used when the
+            # operator used its verb on any of them (not every operand runs in these suites).
+            for atom in Rule.parse(rule).breakdown():
+                atoms[(namespace, Rule(atom.verbs, atom.api_groups, atom.resources))] = None
+    return list(atoms)
+
+
+def unused_operator_permissions(grants: set[tuple[str, Attributes]]) -> tuple[list[str], list[str]]:
+    """(granted but never used and not listed as unexercised, listed but used after all).
+
+    A cluster-wide grant is used only by a request the namespaced grants would not have allowed.
+    """
+    used = [attrs._replace(name="") for user, attrs in grants if user == OPERATOR_USER]
+    atoms = operator_rule_atoms()
+    local = [rule for namespace, rule in atoms if namespace]
+
+    def needs(namespace: str, rule: Rule, attrs: Attributes) -> bool:
+        if not rule.allows(attrs):
+            return False
+        if namespace:
+            return attrs.namespace == namespace
+        return attrs.namespace != OPERATOR_NAMESPACE or not any(r.allows(attrs) for r in local)
+
+    listed = yaml.safe_load(RBAC_UNEXERCISED.read_text()) or []
+    reserved = [
+        (OPERATOR_NAMESPACE if entry.get("scope") == "namespace" else "", Rule.parse(entry))
+        for entry in listed
+    ]
+    unused = sorted(
+        {
+            f"{namespace or 'cluster'}: {rule.compact_string()}"
+            for namespace, rule in atoms
+            if not any(needs(namespace, rule, a) for a in used)
+            and not any(ns == namespace and r.covers(rule) for ns, r in reserved)
+        }
+    )
+    stale = [
+        f"{namespace or 'cluster'}: {rule.compact_string()}"
+        for namespace, rule in reserved
+        if any(needs(namespace, atom, a) for atom in rule.breakdown() for a in used)
+    ]
+    return unused, stale
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _scope_items or _scope_items != _scope_passed or not OPERATOR_GRANTS:
+        return  # a partial or failing run says nothing about what the operator needs
+    unused, stale = unused_operator_permissions(OPERATOR_GRANTS)
+    if not unused and not stale:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["chart RBAC is not least-privilege for the operator's ServiceAccount:"]
+    lines += [f"  granted, never used: {rule}" for rule in unused]
+    lines += [f"  listed as unexercised but used: {rule}" for rule in stale]
+    lines.append(
+        f"  (remove the grant from the chart, or list it with a reason in {RBAC_UNEXERCISED})"
+    )
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

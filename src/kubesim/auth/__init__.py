@@ -85,6 +85,9 @@ class Auth:
         self.ca_data: str | None = None
         # Requests refused with 403 (latest last), so tests can assert a client never was.
         self.denials: deque[tuple[UserInfo, Attributes]] = deque(maxlen=1000)
+        # When a set, every request RBAC allowed is added (user name, attributes), so a test can
+        # tell which granted permissions a client never used.
+        self.granted: set[tuple[str, Attributes]] | None = None
         if self.rbac is not None:
             store.admission.append(self._admit_write)
 
@@ -190,6 +193,7 @@ class Auth:
         allowed, reason = self.allowed(user, attrs)
         if not allowed:
             raise self._deny(user, attrs, forbidden(attrs, user, reason))
+        self.note_granted(user, attrs)
         if not attrs.resource_request:
             return
         if attrs.verb == "get" and attrs.resource == "pods" and attrs.subresource in _STREAMING:
@@ -198,6 +202,7 @@ class Auth:
             allowed, reason = self.allowed(user, create)
             if not allowed:
                 raise self._deny(user, create, forbidden(create, user, reason))
+            self.note_granted(user, create)
         elif attrs.verb == "patch" and attrs.name and request.content_type == _APPLY:
             self._apply_may_create(user, attrs)
 
@@ -294,8 +299,14 @@ class Auth:
                 attrs.api_group, attrs.resource, attrs.name, reason
             )
             raise self._deny(user, create, denial)
+        self.note_granted(user, create)
 
     # ----- decisions --------------------------------------------------------------------------
+
+    def note_granted(self, user: UserInfo, attrs: Attributes) -> None:
+        """Record an allowed request when `granted` is collecting."""
+        if self.granted is not None:
+            self.granted.add((user.name, attrs))
 
     def _deny(self, user: UserInfo, attrs: Attributes, error: errors.ApiError) -> errors.ApiError:
         self.denials.append((user, attrs))

@@ -22,6 +22,9 @@ class Decider(Protocol):
 
     def allowed(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]: ...
 
+    def note_granted(self, user: UserInfo, attrs: Attributes) -> None:
+        """Record that a permission was used (for least-privilege checks)."""
+
 
 def check(
     decider: Decider,
@@ -52,6 +55,7 @@ def check(
             name=request.name,
         )
         if request.resource in ("roles", "clusterroles") and decider.allowed(user, escalate)[0]:
+            decider.note_granted(user, escalate)
             return
         wanted = [Rule.parse(r) for r in obj.get("rules") or ()]
         if kind == "ClusterRole" and obj.get("aggregationRule"):
@@ -74,6 +78,7 @@ def check(
                 name=role_ref.get("name", ""),
             )
             if decider.allowed(user, bind)[0]:
+                decider.note_granted(user, bind)
                 return
         try:
             wanted = list(rbac.role_rules(role_ref, namespace))
