@@ -294,11 +294,15 @@ class Cluster:
         image: str | None = None,
         label_selector: str | None = None,
         container: str | None = None,
+        reports_readiness: bool = False,
     ) -> RunnerRegistration:
-        """Run `runner` as the program of containers matching an image or pod label selector."""
+        """Run `runner` as the program of containers matching an image or pod label selector;
+        with `reports_readiness` its containers are ready only when it says so."""
         if image is None and label_selector is None:
             raise ValueError("register a pod runner by image or by label_selector")
-        registration = RunnerRegistration(runner, image, label_selector, container)
+        registration = RunnerRegistration(
+            runner, image, label_selector, container, reports_readiness
+        )
         self.kubelet.register(registration)
         return registration
 

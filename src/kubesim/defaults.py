@@ -10,6 +10,7 @@ get requests copied from limits where only a limit is given.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from kubesim import validation
@@ -250,6 +251,7 @@ def _spec_defaults(kind: str, obj: dict[str, Any]) -> None:
             port.setdefault("targetPort", port.get("port"))
     elif kind == "Secret":
         obj.setdefault("type", "Opaque")
+        _fold_string_data(obj)
     elif kind in ("PersistentVolumeClaim", "PersistentVolume") and isinstance(spec, dict):
         spec.setdefault("volumeMode", "Filesystem")
         if kind == "PersistentVolume":
@@ -269,6 +271,19 @@ def _spec_defaults(kind: str, obj: dict[str, Any]) -> None:
         for webhook in obj.get("webhooks") or []:
             if isinstance(webhook, dict):
                 _webhook_defaults(webhook, mutating=kind.startswith("Mutating"))
+
+
+def _fold_string_data(secret: dict[str, Any]) -> None:
+    """`stringData` is write-only: the server folds it into `data` (winning over the same key)
+    and never stores it."""
+    string_data = secret.pop("stringData", None)
+    if not isinstance(string_data, dict) or not string_data:
+        return
+    data = secret.get("data")
+    if not isinstance(data, dict):
+        data = secret["data"] = {}
+    for key, value in string_data.items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
 
 
 def _stateful_set_defaults(spec: dict[str, Any]) -> None:

@@ -96,7 +96,9 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
     details["causes"] = [
         {"reason": "FieldValueInvalid", "message": msg, "field": field} for field, msg in causes
     ]
-    return ApiError(422, f'{kind}.{group or "core"} "{name}" is invalid: {text}', details=details)
+    # The real message names the group-qualified kind, which for the core group is the bare kind.
+    qualified = f"{kind}.{group}" if group else kind
+    return ApiError(422, f'{qualified} "{name}" is invalid: {text}', details=details)
 
 
 def bad_request(message: str) -> ApiError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,8 @@ class ResourceType:
     from_crd: bool = False
     extra_subresources: tuple[Subresource, ...] = ()
     verbs: tuple[str, ...] = ALL_VERBS
+    # Sent as a Warning header on every request for this type, as the real server does.
+    deprecation: str = ""
 
     def subresource(self, name: str) -> Subresource | None:
         """A declared subresource other than status, by name."""
@@ -167,7 +170,10 @@ BUILTINS: tuple[ResourceType, ...] = (
         categories=["all"],
         extra=[Subresource("proxy", "ServiceProxyOptions", PROXY_VERBS)],
     ),
-    _rt("", "v1", "endpoints", "Endpoints", True, ["ep"]),
+    dataclasses.replace(
+        _rt("", "v1", "endpoints", "Endpoints", True, ["ep"]),
+        deprecation="v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice",
+    ),
     # Claims are stored (StatefulSets create them) but nothing provisions or binds volumes.
     _rt(
         "",
@@ -425,6 +431,10 @@ class Registry:
     _by_gvr: dict[tuple[str, str, str], ResourceType] = field(default_factory=dict)
     _crd_types: dict[str, list[ResourceType]] = field(default_factory=dict)
     generation: int = 0
+    # resolve() answers by registry generation: controllers resolve names on every write.
+    _resolved: dict[str, tuple[int, ResourceType]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @classmethod
     def with_builtins(cls) -> Registry:
@@ -487,6 +497,9 @@ class Registry:
 
     def resolve(self, name: str) -> ResourceType:
         """Find a type from a plural, `plural.group`, kind, or short name (for Python callers)."""
+        cached = self._resolved.get(name)
+        if cached is not None and cached[0] == self.generation:
+            return cached[1]
         plural, _, group = name.partition(".")
         candidates = []
         for rt in self._by_gvr.values():
@@ -500,6 +513,7 @@ class Registry:
             raise errors.ApiError(404, f"the server doesn't have a resource type {name!r}")
         # Core group wins ties (events), then the preferred (storage) version.
         candidates.sort(key=lambda rt: (rt.group != "", rt.version != rt.served_versions[0]))
+        self._resolved[name] = (self.generation, candidates[0])
         return candidates[0]
 
     def groups(self) -> dict[str, list[str]]:

@@ -274,7 +274,10 @@ class ApiServer:
             schema.FIELD_VALIDATION.reset(token)
             schema.PRUNED.reset(pruned_token)
             schema.DUPLICATES.reset(duplicates_token)
-        warning = field_warnings.header(validation, pruned, duplicated)
+        warnings = [field_warnings.header(validation, pruned, duplicated)]
+        if rt.deprecation:
+            warnings.insert(0, f'299 - "{rt.deprecation}"')
+        warning = ", ".join(w for w in warnings if w)
         if warning and isinstance(response, web.Response):
             response.headers["Warning"] = warning
         return response

@@ -963,3 +963,18 @@ async def test_in_process_writes_with_bad_types_are_rejected_before_storage(
     with pytest.raises(errors.ApiError) as caught:
         sim.store.create(deployment(replicas="3"))
     assert caught.value.code == 400
+
+
+async def test_secret_string_data_is_folded_into_data_and_never_stored(api: Api) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds"},
+        "data": {"user": "b2xk", "token": "dA=="},
+        "stringData": {"user": "admin"},
+    }
+    created = await api.ok("POST", "/api/v1/namespaces/default/secrets", body)
+    assert "stringData" not in created
+    # stringData wins over the same key in data, as the real server's conversion does.
+    assert created["data"] == {"user": "YWRtaW4=", "token": "dA=="}
+    assert created["type"] == "Opaque"

@@ -1553,3 +1553,13 @@ spec:
     assert "create Pod db-0 in StatefulSet db successful" in await kubectl(
         sim, "describe", "sts", "db"
     )
+
+
+async def test_v1_endpoints_requests_carry_the_deprecation_warning(api: Api) -> None:
+    async with api.session.get("/api/v1/namespaces/default/endpoints") as resp:
+        assert resp.status == 200
+        assert resp.headers["Warning"] == (
+            '299 - "v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice"'
+        )
+    async with api.session.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices") as r:
+        assert "Warning" not in r.headers

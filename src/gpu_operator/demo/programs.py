@@ -143,22 +143,16 @@ class Programs:
         return self.nodes.setdefault(name, SimNode(name, None))
 
     def register(self) -> None:
-        """Operand pods (by the operator's state label) get ours; any other pod just runs."""
-        self.sim.register_pod_runner(self.operand, label_selector=keys.OPERATOR_STATE_LABEL)
-        self.sim.register_pod_runner(self.workload, image="*")
+        """Operand pods (by the operator's state label) get ours; other pods run as kubesim runs
+        them (a container with a command finishes, one without keeps serving)."""
+        self.sim.register_pod_runner(
+            self.operand, label_selector=keys.OPERATOR_STATE_LABEL, reports_readiness=True
+        )
 
     async def _sleep(self, base: float, node: str, what: str) -> None:
         seconds = self.timing.delay(base, node, what)
         if seconds > 0:
             await asyncio.sleep(seconds)
-
-    async def workload(self, ctx: PodContext) -> int | None:
-        """Pods that are not operands (e.g. a user's `kubectl run`) are ready at once."""
-        if ctx.init:
-            return 0
-        ctx.set_ready(True)
-        await ctx.stopping.wait()
-        return 0
 
     async def operand(self, ctx: PodContext) -> int | None:
         """One container of an operand pod: init containers wait or pass, main ones run."""

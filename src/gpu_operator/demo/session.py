@@ -206,8 +206,6 @@ async def run(options: Options, console: Console) -> Result:
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
     kubelet = KubeletConfig(
-        # Readiness comes from the node programs (every container has one), never a timer.
-        ready_delay=24 * 3600.0,
         start_delay=0.05 * options.timing.scale,
         init_container_duration=0.05 * options.timing.scale,
         kernel_version="6.8.0-52-generic",

@@ -12,7 +12,7 @@ from typing import Any
 from kubesim import errors
 from kubesim.controllers.events import EventRecorder
 from kubesim.resources import ResourceType
-from kubesim.store import Event, Store
+from kubesim.store import Event, Key, Store
 
 log = logging.getLogger("kubesim.controllers")
 
@@ -26,6 +26,8 @@ class Controller:
     """Subclasses map store events to keys (`on_event`) and converge one key (`reconcile`)."""
 
     name = "controller"
+    # The resource keys `on_event` looks at; None: every kind (the store then calls it for all).
+    resources: tuple[Key, ...] | None = None
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -45,7 +47,7 @@ class Controller:
 
     def start(self) -> None:
         """Subscribe to the store, queue an initial resync, and start draining."""
-        self._unsubscribe = self.store.subscribe(self._on_event)
+        self._unsubscribe = self.store.subscribe(self._on_event, self.resources)
         for key in self.initial_keys():
             self.enqueue(key)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)

@@ -15,6 +15,7 @@ class ClusterRoleAggregationController(Controller):
     """Keys are names of aggregated ClusterRoles; any ClusterRole change re-queues them all."""
 
     name = "clusterrole-aggregation-controller"
+    resources = (CLUSTER_ROLES,)
 
     def initial_keys(self) -> list[Any]:
         return self._aggregated()

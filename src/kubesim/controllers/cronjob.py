@@ -41,6 +41,7 @@ class CronJobController(Controller):
     """Keys are (namespace, name) of CronJobs; Job changes requeue their CronJob."""
 
     name = COMPONENT
+    resources = (CRONJOB_KEY, jobs.JOB_KEY)
 
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
         super().__init__(store)

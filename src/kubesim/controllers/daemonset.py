@@ -25,7 +25,6 @@ Upstream behaviour kept (pkg/controller/daemon in kube-controller-manager 1.35, 
 from __future__ import annotations
 
 import heapq
-import json
 import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -33,7 +32,7 @@ from typing import Any, NamedTuple
 from kubesim import errors
 from kubesim.controllers import scheduling
 from kubesim.controllers.base import SLICE_SECONDS, Controller
-from kubesim.store import Event, Stored
+from kubesim.store import Event, Stored, dumps, loads
 
 DS_KEY = ("apps", "daemonsets")
 POD_KEY = ("", "pods")
@@ -127,8 +126,10 @@ class DaemonState:
         self.backoff: dict[str, tuple[float, float]] = {}
         self.last_status = 0.0
         self.cleanup_pending = False
-        # Serialised pod template of the current revision (json.loads is a cheap deep copy).
-        self.prototype = b""
+        # The pod of the current revision as the API server admitted it (a dry-run create), or
+        # None when it is refused; node pods share its spec's subtrees (see _create_pod).
+        self.prototype: dict[str, Any] | None = None
+        self.template: dict[str, Any] = {}
 
     def record(self, node: str, new: NodeRecord) -> None:
         """Replace a node's record, keeping the totals and rollout sets in step."""
@@ -173,6 +174,7 @@ class DaemonSetController(Controller):
     """Keys are (namespace, name) of DaemonSets; nodes to look at are kept per DaemonSet."""
 
     name = "daemonset-controller"
+    resources = (DS_KEY, POD_KEY, NODE_KEY)
 
     def __init__(self, store: Any) -> None:
         super().__init__(store)
@@ -294,7 +296,8 @@ class DaemonSetController(Controller):
         state.placement = Placement(template.get("spec") or {})
         state.decisions.clear()
         state.walked = False
-        state.prototype = json.dumps(_pod_prototype(ds, template, state.hash)).encode()
+        state.template = _pod_prototype(ds, template, state.hash)
+        state.prototype = self._admit(state.template)
         state.pods.clear()
         for key, ns, pod_name in self.store.dependents(state.uid):
             if key != POD_KEY:
@@ -327,6 +330,10 @@ class DaemonSetController(Controller):
             should_run, should_continue = decision
             self._manage(ds, state, node_name, should_run, should_continue)
             state.record(node_name, self._record(ds, state, node_name, should_run))
+            if should_run and not state.pods.get(node_name) and node_name not in state.rechecks:
+                # We deleted a finished pod outright: the node needs its replacement, which a
+                # look at the node (upstream: the next sync) creates.
+                state.dirty.add(node_name)
         finally:
             self._syncing = None
 
@@ -375,7 +382,7 @@ class DaemonSetController(Controller):
             if not running and should_run and _surge_allowed(ds):
                 self._create_pod(ds, state, node)  # surging keeps one non-deleted pod per node
             return
-        running.sort(key=_age)
+        running.sort(key=lambda s: _age(s, state.hash))
         if not _surge_allowed(ds):
             for extra in running[1:]:
                 self._delete(ds, extra)
@@ -437,7 +444,16 @@ class DaemonSetController(Controller):
             fields["desired"] = 1
             if pods:
                 fields["current"] = 1
-                first = min(pods, key=_age)
+                # The oldest pod counts (upstream), but a pod still running beats one being
+                # deleted: kubesim counts a terminating pod unready at once (a kubelet reports
+                # it so moments later), which would make a surge rollout look like an outage.
+                first = min(
+                    pods,
+                    key=lambda s: (
+                        bool(s.obj["metadata"].get("deletionTimestamp")),
+                        _age(s, state.hash),
+                    ),
+                )
                 wait = scheduling.ready_for(first.obj, min_ready)
                 waits.append(wait)
                 fields["ready"] = int(wait >= 0)
@@ -563,19 +579,53 @@ class DaemonSetController(Controller):
             return
         self._event(ds, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}")
 
-    def _create_pod(self, ds: dict[str, Any], state: DaemonState, node: str) -> None:
-        pod: dict[str, Any] = json.loads(state.prototype)
-        spec = pod["spec"]
-        spec["nodeName"] = node
-        # As upstream, the required node affinity is replaced by one term pinning the node.
-        spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})[
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ] = {
-            "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-            ]
+    def _admit(self, template: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod as the API server would store it (defaults, admission, validation), minus
+        what differs per node; None when it would be refused."""
+        sample = loads(dumps(template))
+        _pin(sample["spec"], "prototype-node")
+        try:
+            admitted = self.store.insert(self.rt("pods"), sample, dry_run=True).obj
+        except errors.ApiError:
+            return None
+        spec = dict(admitted["spec"])
+        spec.pop("nodeName", None)
+        for computed in ("priority", "preemptionPolicy"):  # priority admission runs per pod
+            if computed not in template["spec"]:
+                spec.pop(computed, None)
+        meta = admitted["metadata"]
+        keep = ("generateName", "namespace", "labels", "annotations", "ownerReferences")
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {k: meta[k] for k in keep if k in meta},
+            "spec": spec,
         }
-        created = self.store.insert(self.rt("pods"), pod)
+
+    def _create_pod(self, ds: dict[str, Any], state: DaemonState, node: str) -> None:
+        prototype = state.prototype
+        rt = self.rt("pods")
+        try:
+            if prototype is None:
+                # Refused at the dry run: this create reports why.
+                pod: dict[str, Any] = loads(dumps(state.template))
+                _pin(pod["spec"], node)
+                created = self.store.insert(rt, pod)
+            else:
+                # Node pods differ only in node name, node affinity and generated name, so
+                # they share the admitted prototype's containers, volumes and the rest (stored
+                # objects are never mutated) and skip decoding and validation: a copy per pod
+                # was most of the cost, and memory, of rolling out to thousands of nodes.
+                meta = dict(prototype["metadata"])
+                meta["labels"] = dict(meta.get("labels") or {})
+                spec = dict(prototype["spec"])
+                _pin(spec, node)
+                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+                created = self.store.insert(rt, pod, trusted=True)
+        except errors.ApiError as exc:
+            self._event(ds, "Warning", "FailedCreate", f"Error creating: {exc.message}")
+            state.rechecks[node] = time.monotonic() + 1.0
+            return
         self._event(
             ds, "Normal", "SuccessfulCreate", f"Created pod: {created.obj['metadata']['name']}"
         )
@@ -603,11 +653,11 @@ class DaemonSetController(Controller):
         if existing is not None:
             if int(existing.get("revision", 0)) == highest:
                 return
-            updated = json.loads(json.dumps(existing))
+            updated = loads(dumps(existing))
             updated["revision"] = highest + 1
             self.store.replace(rt, updated, namespace=meta["namespace"], name=name)
             return
-        data_template = json.loads(json.dumps(template))
+        data_template = loads(dumps(template))
         data_template["$patch"] = "replace"
         revision = {
             "apiVersion": "apps/v1",
@@ -661,7 +711,7 @@ def _pod_prototype(ds: dict[str, Any], template: dict[str, Any], revision_hash: 
     """The pod every node gets, before its node name and node affinity are filled in."""
     meta = ds["metadata"]
     template_meta = template.get("metadata") or {}
-    spec = json.loads(json.dumps(template.get("spec") or {}))
+    spec = loads(dumps(template.get("spec") or {}))
     spec["tolerations"] = scheduling.daemon_tolerations(spec)
     labels = dict(template_meta.get("labels") or {})
     labels[HASH_LABEL] = revision_hash
@@ -680,6 +730,21 @@ def _pod_prototype(ds: dict[str, Any], template: dict[str, Any], revision_hash: 
     if template_meta.get("annotations"):
         pod["metadata"]["annotations"] = dict(template_meta["annotations"])
     return pod
+
+
+def _pin(spec: dict[str, Any], node: str) -> None:
+    """Bind a daemon pod spec to a node; as upstream, the required node affinity becomes one
+    term naming the node (preferred terms are kept)."""
+    spec["nodeName"] = node
+    affinity = dict(spec.get("affinity") or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]
+    }
+    affinity["nodeAffinity"] = node_affinity
+    spec["affinity"] = affinity
 
 
 def _owner_ref(ds: dict[str, Any]) -> dict[str, Any]:
@@ -728,9 +793,13 @@ def _labels(stored: Stored) -> dict[str, str]:
     return labels
 
 
-def _age(stored: Stored) -> tuple[str, str]:
+def _age(stored: Stored, current_hash: str) -> tuple[str, bool, str]:
+    """Oldest first: by creation time, then (upstream: by name) a pod of an earlier revision
+    before one of the current revision, since it was created first; timestamps have whole
+    seconds, and kubesim often replaces a pod within the second it was created."""
     meta = stored.obj["metadata"]
-    return (meta.get("creationTimestamp", ""), meta["name"])
+    current = (meta.get("labels") or {}).get(HASH_LABEL) == current_hash
+    return (meta.get("creationTimestamp", ""), current, meta["name"])
 
 
 def _live(pods: Iterable[Stored] | dict[str, Stored] | None) -> list[Stored]:

@@ -73,6 +73,7 @@ class DeploymentController(Controller):
     progress deadlines and the `ScalingReplicaSet` events."""
 
     name = COMPONENT
+    resources = (DEPLOY_KEY, RS_KEY, POD_KEY)
 
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
         super().__init__(store)
@@ -797,6 +798,7 @@ class ReplicaSetController(Controller):
     """Keeps `replicas` pods per ReplicaSet and reports ready/available counts."""
 
     name = "replicaset-controller"
+    resources = (RS_KEY, POD_KEY)
 
     def initial_keys(self) -> list[Any]:
         return [

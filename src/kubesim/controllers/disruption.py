@@ -91,6 +91,7 @@ class DisruptionController(Controller):
     """Keeps PodDisruptionBudget status (healthy, desired, allowed disruptions) up to date."""
 
     name = "disruption-controller"
+    resources = (PDB_KEY, POD_KEY)
 
     def initial_keys(self) -> list[Any]:
         return [

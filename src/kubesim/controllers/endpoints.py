@@ -195,10 +195,12 @@ class EndpointsController(Controller):
     """Keys are (namespace, name) of Services."""
 
     name = "endpoint-controller"
+    resources = (SERVICE_KEY, POD_KEY)
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self.selected = ServicePods(store)
+        self._memo: dict[tuple[str, str], dict[str, Any]] = {}
 
     def initial_keys(self) -> list[Any]:
         return [
@@ -212,6 +214,7 @@ class EndpointsController(Controller):
             key = (meta["namespace"], meta["name"])
             if event.type == "DELETED":
                 self.selected.forget(key)
+                self._memo.pop(key, None)
             self.enqueue(key)
         elif event.key == POD_KEY:
             for key in self.selected.pod_changed(event):
@@ -230,8 +233,9 @@ class EndpointsController(Controller):
         service = stored.obj
         if not managed(service):
             return
+        memo = self._memo.setdefault(key, {})
         subsets, truncated = truncate(
-            build_subsets(self.store, service, self.selected.pods(service))
+            build_subsets(self.store, service, self.selected.pods(service), memo)
         )
         labels = dict(service["metadata"].get("labels") or {})
         labels[MANAGED_BY] = CONTROLLER_NAME
@@ -303,41 +307,35 @@ def truncate(subsets: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]
 
 
 def build_subsets(
-    store: Store, service: dict[str, Any], pods: list[dict[str, Any]] | None = None
+    store: Store,
+    service: dict[str, Any],
+    pods: list[dict[str, Any]] | None = None,
+    memo: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """EndpointSubsets for a Service, packed so addresses with the same ports share a subset
-    (`pods`: the selected pods when the caller keeps them, else found by a namespace scan)."""
-    spec = service.get("spec") or {}
-    publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
-    service_ports = spec.get("ports") or []
+    (`pods`: the selected pods when the caller keeps them, else found by a namespace scan;
+    `memo`: the caller's per-pod results of the last call, reused for unchanged pods)."""
     # (ready, address) per pod, plus the set of ports each address serves
-    entries: dict[str, tuple[bool, dict[str, Any], set[tuple[str, int, str]]]] = {}
+    entries: dict[str, tuple[bool, dict[str, Any], frozenset[tuple[str, int, str]]]] = {}
+    previous = dict(memo or {})
     for pod in selected_pods(store, service) if pods is None else pods:
-        if not eligible(pod, include_terminating=False):
-            continue
-        ip = pod_ip(pod)
-        address: dict[str, Any] = {"ip": ip}
-        host = hostname(pod, service)
-        if host:
-            address["hostname"] = host
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node:
-            address["nodeName"] = node
-        address["targetRef"] = target_ref(pod)
-        ready = publish_not_ready or scheduling.pod_ready(pod)
-        ports: set[tuple[str, int, str]] = set()
-        for service_port in service_ports:
-            number = resolve_port(pod, service_port)
-            if number is not None:
-                ports.add(
-                    (service_port.get("name", ""), number, service_port.get("protocol", "TCP"))
-                )
-        if service_ports and not ports:
-            continue
-        entries[ip] = (ready, address, ports)
+        name = pod["metadata"]["name"]
+        cached = previous.get(name)
+        if cached is not None and cached[0] is pod and cached[1] is service:
+            entry = cached[2]
+        else:
+            entry = _address(service, pod)
+        if memo is not None:
+            memo[name] = (pod, service, entry)
+        previous.pop(name, None)
+        if entry is not None:
+            entries[entry[1]["ip"]] = entry
+    if memo is not None:
+        for gone in previous:
+            memo.pop(gone, None)
     groups: dict[frozenset[tuple[str, int, str]], dict[str, list[dict[str, Any]]]] = {}
     for ready, address, ports in entries.values():
-        group = groups.setdefault(frozenset(ports), {"addresses": [], "notReadyAddresses": []})
+        group = groups.setdefault(ports, {"addresses": [], "notReadyAddresses": []})
         group["addresses" if ready else "notReadyAddresses"].append(address)
     subsets = []
     for port_set, group in groups.items():
@@ -353,6 +351,33 @@ def build_subsets(
         subsets.append(subset)
     subsets.sort(key=lambda s: [(p.get("name", ""), p["port"]) for p in s.get("ports") or []])
     return subsets
+
+
+def _address(
+    service: dict[str, Any], pod: dict[str, Any]
+) -> tuple[bool, dict[str, Any], frozenset[tuple[str, int, str]]] | None:
+    """(ready, address, served ports) of one pod, or None when it has no place in Endpoints."""
+    spec = service.get("spec") or {}
+    service_ports = spec.get("ports") or []
+    if not eligible(pod, include_terminating=False):
+        return None
+    address: dict[str, Any] = {"ip": pod_ip(pod)}
+    host = hostname(pod, service)
+    if host:
+        address["hostname"] = host
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        address["nodeName"] = node
+    address["targetRef"] = target_ref(pod)
+    ready = bool(spec.get("publishNotReadyAddresses")) or scheduling.pod_ready(pod)
+    ports: set[tuple[str, int, str]] = set()
+    for service_port in service_ports:
+        number = resolve_port(pod, service_port)
+        if number is not None:
+            ports.add((service_port.get("name", ""), number, service_port.get("protocol", "TCP")))
+    if service_ports and not ports:
+        return None
+    return ready, address, frozenset(ports)
 
 
 def ip_sort_key(ip: str) -> tuple[int, ...]:

@@ -27,16 +27,25 @@ MAX_ENDPOINTS = 100
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
 Ports = list[dict[str, Any]]
+# (ports key, ports, endpoint, address sort key)
+_Entry = tuple[str, Ports, dict[str, Any], tuple[int, ...]]
+# Field order of an endpoint as built (kept when a zone changes).
+_ENDPOINT_ORDER = ("addresses", "conditions", "hostname", "nodeName", "zone", "targetRef")
 
 
 class EndpointSliceController(Controller):
     """Keys are (namespace, name) of Services."""
 
     name = "endpointslice-controller"
+    resources = (SERVICE_KEY, POD_KEY, SLICE_KEY)
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self.selected = common.ServicePods(store)
+        # Service -> pod name -> (pod version, Service version, its entry).
+        self._entries: dict[
+            tuple[str, str], dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]]
+        ] = {}
 
     def initial_keys(self) -> list[Any]:
         return [
@@ -50,6 +59,7 @@ class EndpointSliceController(Controller):
             key = (meta["namespace"], meta["name"])
             if event.type == "DELETED":
                 self.selected.forget(key)
+                self._entries.pop(key, None)
             self.enqueue(key)
         elif event.key == POD_KEY:
             for key in self.selected.pod_changed(event):
@@ -57,7 +67,10 @@ class EndpointSliceController(Controller):
         elif event.key == SLICE_KEY:
             labels = event.new.obj["metadata"].get("labels") or {}
             if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
-                self.enqueue((event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME]))
+                # Mostly our own writes: batched like pod changes, so a big Service is not
+                # rebuilt once more after every sync.
+                key = (event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME])
+                self.enqueue_after(key, common.batch_delay(self.selected.count(key)))
 
     def reconcile(self, key: Any) -> None:
         namespace, name = key
@@ -140,69 +153,102 @@ class EndpointSliceController(Controller):
 
     def _desired(self, service: dict[str, Any]) -> list[tuple[Ports | None, list[Any] | None]]:
         """(ports, endpoints) per slice: grouped by resolved ports, 100 endpoints at most."""
-        spec = service.get("spec") or {}
-        publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
-        service_ports = spec.get("ports") or []
-        groups: dict[str, tuple[Ports, list[dict[str, Any]]]] = {}
+        meta = service["metadata"]
+        ident = (meta.get("namespace", ""), meta["name"])
+        # Entries are remembered per pod version (and Service version): a sync after a few pod
+        # changes rebuilds only theirs, not all of a big Service's endpoints.
+        previous = self._entries.get(ident, {})
+        entries: dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]] = {}
+        groups: dict[str, tuple[Ports, list[tuple[tuple[int, ...], dict[str, Any]]]]] = {}
         for pod in self.selected.pods(service):
-            if not common.eligible(pod, include_terminating=True):
+            name = pod["metadata"]["name"]
+            cached = previous.get(name)
+            if cached is not None and cached[0] is pod and cached[1] is service:
+                entry = cached[2]
+            else:
+                entry = self._entry(service, pod)
+            entries[name] = (pod, service, entry)
+            if entry is None:
                 continue
-            ports: Ports = []
-            for service_port in service_ports:
-                number = common.resolve_port(pod, service_port)
-                if number is None:
-                    continue
-                port: dict[str, Any] = {
-                    "name": service_port.get("name", ""),
-                    "port": number,
-                    "protocol": service_port.get("protocol", "TCP"),
-                }
-                if service_port.get("appProtocol"):
-                    port["appProtocol"] = service_port["appProtocol"]
-                ports.append(port)
-            if service_ports and not ports:
-                continue
-            terminating = bool(pod["metadata"].get("deletionTimestamp"))
-            serving = publish_not_ready or scheduling.pod_ready(pod)
-            endpoint: dict[str, Any] = {
-                "addresses": [common.pod_ip(pod)],
-                "conditions": {
-                    "ready": serving and not terminating,
-                    "serving": serving,
-                    "terminating": terminating,
-                },
-            }
-            host = common.hostname(pod, service)
-            if host:
-                endpoint["hostname"] = host
-            node_name = (pod.get("spec") or {}).get("nodeName")
+            key, ports, endpoint, order = entry
+            node_name = endpoint.get("nodeName")
             if node_name:
-                endpoint["nodeName"] = node_name
                 node = self.store.peek(NODE_KEY, "", node_name)
                 zone = ((node.obj["metadata"].get("labels") or {}) if node else {}).get(ZONE_LABEL)
-                if zone:
-                    endpoint["zone"] = zone
-            endpoint["targetRef"] = common.target_ref(pod)
-            key = _ports_key(ports)
-            groups.setdefault(key, (ports, []))[1].append(endpoint)
+                if zone != endpoint.get("zone"):
+                    endpoint = {k: v for k, v in endpoint.items() if k != "zone"}
+                    if zone:
+                        endpoint["zone"] = zone
+                    endpoint = {k: endpoint[k] for k in _ENDPOINT_ORDER if k in endpoint}
+                    entries[name] = (pod, service, (key, ports, endpoint, order))
+            groups.setdefault(key, (ports, []))[1].append((order, endpoint))
+        self._entries[ident] = entries
         if not groups:
             # A placeholder keeps the Service visible to consumers that watch slices.
             return [(None, None)]
         result: list[tuple[Ports | None, list[Any] | None]] = []
         for key in sorted(groups):
-            ports, endpoint_list = groups[key]
-            endpoint_list.sort(key=lambda e: common.ip_sort_key(e["addresses"][0]))
+            ports, keyed = groups[key]
+            keyed.sort(key=lambda item: item[0])
+            endpoint_list = [endpoint for _, endpoint in keyed]
             for start in range(0, len(endpoint_list), MAX_ENDPOINTS):
                 result.append((ports or None, endpoint_list[start : start + MAX_ENDPOINTS]))
         return result
 
+    def _entry(self, service: dict[str, Any], pod: dict[str, Any]) -> _Entry | None:
+        """A pod's endpoint (zone filled from its node) with its ports and sort key, or None."""
+        spec = service.get("spec") or {}
+        publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
+        service_ports = spec.get("ports") or []
+        if not common.eligible(pod, include_terminating=True):
+            return None
+        ports: Ports = []
+        for service_port in service_ports:
+            number = common.resolve_port(pod, service_port)
+            if number is None:
+                continue
+            port: dict[str, Any] = {
+                "name": service_port.get("name", ""),
+                "port": number,
+                "protocol": service_port.get("protocol", "TCP"),
+            }
+            if service_port.get("appProtocol"):
+                port["appProtocol"] = service_port["appProtocol"]
+            ports.append(port)
+        if service_ports and not ports:
+            return None
+        terminating = bool(pod["metadata"].get("deletionTimestamp"))
+        serving = publish_not_ready or scheduling.pod_ready(pod)
+        ip = common.pod_ip(pod)
+        endpoint: dict[str, Any] = {
+            "addresses": [ip],
+            "conditions": {
+                "ready": serving and not terminating,
+                "serving": serving,
+                "terminating": terminating,
+            },
+        }
+        host = common.hostname(pod, service)
+        if host:
+            endpoint["hostname"] = host
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name:
+            endpoint["nodeName"] = node_name
+            node = self.store.peek(NODE_KEY, "", node_name)
+            zone = ((node.obj["metadata"].get("labels") or {}) if node else {}).get(ZONE_LABEL)
+            if zone:
+                endpoint["zone"] = zone
+        endpoint["targetRef"] = common.target_ref(pod)
+        return (_ports_key(ports), ports, endpoint, common.ip_sort_key(ip))
+
 
 def _ports_key(ports: Ports | None) -> str:
-    # Called per endpoint: a joined string is much cheaper than JSON and orders the same way
-    # for the usual single-port Services.
+    # Called per endpoint: a joined string is much cheaper than JSON.
+    if ports and len(ports) > 1:
+        ports = sorted(ports, key=lambda p: (p.get("name", ""), p.get("port", 0)))
     return "|".join(
         f"{p.get('name', '')}/{p.get('port', 0)}/{p.get('protocol', '')}/{p.get('appProtocol', '')}"
-        for p in sorted(ports or [], key=lambda p: (p.get("name", ""), p.get("port", 0)))
+        for p in ports or ()
     )
 
 

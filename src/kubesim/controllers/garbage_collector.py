@@ -64,10 +64,15 @@ class GarbageCollector(Controller):
             self.enqueue(("dependent", *ident))
 
     def _type(self, key: Key) -> ResourceType | None:
-        for rt in self.store.registry.storage_types():
-            if rt.key == key:
-                return rt
-        return None
+        # Looked up for every new dependent: keep the map until the registry changes (CRDs).
+        registry = self.store.registry
+        cached = getattr(self, "_types", None)
+        if cached is None or cached[0] != registry.generation:
+            cached = self._types = (
+                registry.generation,
+                {rt.key: rt for rt in reversed(registry.storage_types())},
+            )
+        return cached[1].get(key)
 
     def reconcile(self, key: Any) -> None:
         kind = key[0]

@@ -78,6 +78,7 @@ class JobController(Controller):
     """Keys are ("job", namespace, name) and ("pod", namespace, name) for orphaned pods."""
 
     name = COMPONENT
+    resources = (JOB_KEY, POD_KEY)
 
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
         super().__init__(store)

@@ -29,7 +29,7 @@ from kubesim.controllers.volumes import (
     node_allocatable,
     resolve_within,
 )
-from kubesim.store import Event, Store, dumps, now
+from kubesim.store import Event, Store, dumps, loads, now
 from kubesim.streaming.runtime import ContainerInstance, ContainerIO, ContainerRuntime
 
 log = logging.getLogger("kubesim.kubelet")
@@ -184,6 +184,8 @@ class RunnerRegistration:
     image: str | None = None
     label_selector: str | None = None
     container: str | None = None
+    # The runner calls `ctx.set_ready()` itself, as if its container had a readiness probe.
+    reports_readiness: bool = False
 
     def matches(self, pod: dict[str, Any], container: dict[str, Any]) -> bool:
         """Whether this registration runs a container of a pod."""
@@ -587,7 +589,9 @@ class _PodWorker:
             self.phase = "Running"
             self.mark()
             registration = self.kubelet.runner_for(self.pod, container)
-            probe_driven = registration is not None and bool(container.get("readinessProbe"))
+            probe_driven = registration is not None and (
+                registration.reports_readiness or bool(container.get("readinessProbe"))
+            )
             ready_task: asyncio.Future[None] | None = None
             if not probe_driven:
                 if cfg.delay(cfg.ready_delay):
@@ -795,6 +799,7 @@ class Kubelet(Controller):
     """All simulated kubelets: one worker per bound pod, node status and node Lease heartbeats."""
 
     name = "kubelet"
+    resources = (POD_KEY, NODE_KEY, CONFIGMAP_KEY, SECRET_KEY)
 
     def __init__(
         self,
@@ -1073,8 +1078,13 @@ class Kubelet(Controller):
             status = worker.status()
             if stored.obj.get("status") == status:
                 continue
-            obj = stored.copy()
-            obj["status"] = json_copy(status)
+            # A status write reads only metadata and status: no need to copy the whole pod.
+            obj = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": pod_key[1], "namespace": pod_key[0]},
+                "status": json_copy(status),
+            }
             try:
                 self.store.replace(
                     rt, obj, namespace=pod_key[0], name=pod_key[1], subresource="status"
@@ -1350,6 +1360,4 @@ def _node_conditions(
 
 def json_copy(value: Any) -> Any:
     """A deep copy via JSON (fast for plain data)."""
-    import json
-
-    return json.loads(dumps(value))
+    return loads(dumps(value))

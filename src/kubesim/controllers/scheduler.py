@@ -54,8 +54,12 @@ class NodeInfo:
     unschedulable: bool = False
 
     def set_node(self, node: dict[str, Any] | None) -> None:
-        self.node = node
-        self.allocatable = scheduling.node_allocatable(node) if node else {}
+        previous, self.node = self.node, node
+        if not node:
+            self.allocatable = {}
+        elif previous is None or _allocatable_source(previous) != _allocatable_source(node):
+            # Parsed again only when it changed (label writes are far more frequent).
+            self.allocatable = scheduling.node_allocatable(node)
         spec = (node or {}).get("spec") or {}
         self.taints = spec.get("taints") or []
         self.unschedulable = bool(spec.get("unschedulable"))
@@ -104,9 +108,17 @@ def node_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> frozenset[s
         changed.add("TaintToleration")
     if bool(old_spec.get("unschedulable")) != bool(new_spec.get("unschedulable")):
         changed.add("NodeUnschedulable")
-    if scheduling.node_allocatable(old) != scheduling.node_allocatable(new):
+    if _allocatable_source(old) != _allocatable_source(new) and (
+        scheduling.node_allocatable(old) != scheduling.node_allocatable(new)
+    ):
         changed.add("NodeResourcesFit")
     return frozenset(changed)
+
+
+def _allocatable_source(node: dict[str, Any]) -> Any:
+    """What scheduling.node_allocatable reads from a node."""
+    status = node.get("status") or {}
+    return status.get("allocatable") or status.get("capacity")
 
 
 def feasible_nodes_to_find(total: int) -> int:
@@ -281,6 +293,7 @@ class Scheduler(Controller):
     """Binds pods without `spec.nodeName` whose schedulerName is `default-scheduler`."""
 
     name = SCHEDULER_NAME
+    resources = (NODE_KEY, POD_KEY)
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)

@@ -39,6 +39,7 @@ class StatefulSetController(Controller):
     """Keys are (namespace, name) of StatefulSets; pod changes requeue their owner."""
 
     name = COMPONENT
+    resources = (STS_KEY, POD_KEY)
 
     def initial_keys(self) -> list[Any]:
         return [

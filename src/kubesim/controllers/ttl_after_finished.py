@@ -20,6 +20,7 @@ class TTLAfterFinishedController(Controller):
     """Keys are (namespace, name) of Jobs with a TTL."""
 
     name = "ttl-after-finished-controller"
+    resources = (jobs.JOB_KEY,)
 
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
         super().__init__(store)

@@ -82,7 +82,7 @@ def job_spec(spec: Mapping[str, Any], path: str, *, in_template: bool) -> list[F
 
 def job(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
     """A Job's spec; the selector rules (generated unless manualSelector, immutable) belong to
-    the Job storage hook (kubesim.job_admission), which runs after this."""
+    the Job storage hook (kubesim.workload_admission), which runs before this."""
     spec = obj.get("spec") or {}
     generated = not spec.get("manualSelector")
     return job_spec(spec, "spec", in_template=generated)

@@ -21,17 +21,23 @@ class _Marked(dict[str, Any]):
     repeated: list[str]
 
 
+# How many objects with repeated keys have been loaded (a body without any skips _unmark).
+_MARKED = [0]
+
+
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = dict(pairs)
+    if len(result) == len(pairs):
+        return result  # the usual case, decided in C
+    result = {}
     repeated: list[str] = []
     for key, value in pairs:
         if key in result and key not in repeated:
             repeated.append(key)
         result[key] = value
-    if not repeated:
-        return result
     marked = _Marked(result)
     marked.repeated = repeated
+    _MARKED[0] += 1
     return marked
 
 
@@ -56,8 +62,12 @@ def _record(found: list[str]) -> None:
 
 def loads_json(body: bytes | str) -> Any:
     """Parse JSON, recording the paths of duplicated keys in the request's DUPLICATES sink."""
+    marked = _MARKED[0]
+    value = json.loads(body, object_pairs_hook=_pairs)
+    if _MARKED[0] == marked:
+        return value  # no repeated keys: nothing to unmark or report
     found: list[str] = []
-    value = _unmark(json.loads(body, object_pairs_hook=_pairs), "", found)
+    value = _unmark(value, "", found)
     _record(found)
     return value
 
