@@ -11,12 +11,14 @@ from kubesim.controllers.kubelet import (
 )
 from kubesim.errors import ApiError
 from kubesim.faults import FaultRule, Faults
+from kubesim.runner_logs import ContainerLogHandler
 from kubesim.stats import Stats
 from kubesim.store import Store
 
 __all__ = [
     "ApiError",
     "Cluster",
+    "ContainerLogHandler",
     "FaultRule",
     "Faults",
     "KubeletConfig",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kubesim import errors
-from kubesim.field_errors import FieldError, invalid
+from kubesim.validation import field
 
 if TYPE_CHECKING:
     from kubesim.store import Event, Store
@@ -68,7 +68,7 @@ def parse(query: Mapping[str, str], *, watch: bool) -> ListOptions:
     options = _defaulted(options)
     problems = _watch_errors(options) if watch else _list_errors(options)
     if problems:
-        raise invalid("ListOptions", "meta.k8s.io", "", problems)
+        field.raise_invalid("ListOptions", "meta.k8s.io", "", problems)
     return options
 
 
@@ -87,12 +87,12 @@ def _defaulted(options: ListOptions) -> ListOptions:
     return options
 
 
-def _watch_errors(options: ListOptions) -> list[FieldError]:
-    problems: list[FieldError] = []
+def _watch_errors(options: ListOptions) -> list[field.FieldError]:
+    problems: list[field.FieldError] = []
     match = options.resource_version_match
     if options.send_initial_events is not None and match != NOT_OLDER_THAN:
         problems.append(
-            FieldError.forbidden(
+            field.forbidden(
                 "resourceVersionMatch",
                 "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
             )
@@ -100,19 +100,17 @@ def _watch_errors(options: ListOptions) -> list[FieldError]:
     if match:
         if options.send_initial_events is None:
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     "resourceVersionMatch",
                     "resourceVersionMatch is forbidden for watch unless sendInitialEvents "
                     "is provided",
                 )
             )
         if match != NOT_OLDER_THAN:
-            problems.append(
-                FieldError.not_supported("resourceVersionMatch", match, [NOT_OLDER_THAN])
-            )
+            problems.append(field.not_supported("resourceVersionMatch", match, [NOT_OLDER_THAN]))
         if options.continue_token:
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     "resourceVersionMatch",
                     "resourceVersionMatch is forbidden when continue is provided",
                 )
@@ -120,38 +118,38 @@ def _watch_errors(options: ListOptions) -> list[FieldError]:
     return problems
 
 
-def _list_errors(options: ListOptions) -> list[FieldError]:
-    problems: list[FieldError] = []
+def _list_errors(options: ListOptions) -> list[field.FieldError]:
+    problems: list[field.FieldError] = []
     match = options.resource_version_match
     if match:
         if not options.resource_version:
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     "resourceVersionMatch",
                     "resourceVersionMatch is forbidden unless resourceVersion is provided",
                 )
             )
         if options.continue_token:
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     "resourceVersionMatch",
                     "resourceVersionMatch is forbidden when continue is provided",
                 )
             )
         if match not in (EXACT, NOT_OLDER_THAN):
             problems.append(
-                FieldError.not_supported("resourceVersionMatch", match, [EXACT, NOT_OLDER_THAN, ""])
+                field.not_supported("resourceVersionMatch", match, [EXACT, NOT_OLDER_THAN, ""])
             )
         if match == EXACT and options.resource_version == "0":
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     "resourceVersionMatch",
                     'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
                 )
             )
     if options.send_initial_events is not None:
         problems.append(
-            FieldError.forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list")
+            field.forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list")
         )
     return problems
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import re
 from collections.abc import AsyncIterator
@@ -296,6 +297,44 @@ async def test_logs_are_plain_text_from_the_only_container(
         assert resp.status == 200
         assert resp.content_type == "text/plain"
         assert await resp.text() == "hello from web run 1\na warning\n"
+
+
+async def test_python_logging_of_a_runner_and_its_crash_reach_its_container_log(
+    sim: kubesim.Cluster, api: Api
+) -> None:
+    logger = logging.getLogger("tests.kubesim.runner")
+    handler = kubesim.ContainerLogHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+    async def helper() -> None:
+        logger.warning("from a task the runner started")
+
+    async def crashing(ctx: PodContext) -> int:
+        logger.info("starting on %s", ctx.node_name)
+        await asyncio.ensure_future(helper())
+        raise RuntimeError("config file missing")
+
+    try:
+        sim.register_pod_runner(crashing, image="example/crash")
+        sim.store.create(pod("crash", image="example/crash", restartPolicy="Never"))
+        await sim.wait_for(
+            lambda: (sim.store.get("pods", "crash", "default") or {}).get("status", {}).get("phase")
+            == "Failed",
+            5,
+        )
+        logger.info("outside any runner: in no container log")
+        async with api.session.get(f"{PODS}/crash/log") as resp:
+            text = await resp.text()
+    finally:
+        logger.removeHandler(handler)
+    lines = text.splitlines()
+    assert lines[:2] == ["INFO starting on node-1", "WARNING from a task the runner started"]
+    assert lines[2] == "Traceback (most recent call last):"
+    assert lines[-1] == "RuntimeError: config file missing"
+    assert "outside any runner" not in text
 
 
 async def test_logs_tail_limit_timestamps_and_since(

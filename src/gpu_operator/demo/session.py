@@ -163,6 +163,14 @@ def _quiet_logs() -> None:
     # The operator and kubesim log retries while things converge; the table says it better.
     for name in ("gpu_operator", "kubesim", "aiohttp", "httpx", "lightkube"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # Node programs log as in their pods: to the container log (`kubectl logs`), not the console.
+    agents = logging.getLogger("gpu_operator.agents")
+    agents.setLevel(logging.INFO)
+    agents.propagate = False
+    if not any(isinstance(h, kubesim.ContainerLogHandler) for h in agents.handlers):
+        handler = kubesim.ContainerLogHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        agents.addHandler(handler)
 
 
 def _kubectl_help(path: Path) -> list[str]:
@@ -220,7 +228,11 @@ async def run(options: Options, console: Console) -> Result:
     for line in fleet_mod.describe(fleet):
         console.print(f"  {line}", markup=False, highlight=False)
     try:
-        async with kubesim.Cluster(kubelet=kubelet, kubeconfig_path=kubeconfig) as sim:
+        # A served cluster listens for anyone on this machine: like `kubesim serve`, it then
+        # requires the bearer token its kubeconfig carries (over TLS).
+        async with kubesim.Cluster(
+            kubelet=kubelet, kubeconfig_path=kubeconfig, authentication=options.serve
+        ) as sim:
             nodes = programs.Programs(sim, options.timing)
             nodes.register()
             demo.populate(sim, nodes)

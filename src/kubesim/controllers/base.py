@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from kubesim import errors
+from kubesim.clock import Clock
 from kubesim.controllers.events import EventRecorder
 from kubesim.resources import ResourceType
 from kubesim.store import Event, Key, Store
@@ -63,6 +64,31 @@ class Controller:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def keys_of(self, key: Key) -> list[ItemKey]:
+        """(namespace, name) of every stored object under a resource key."""
+        return [
+            (s.obj["metadata"].get("namespace", ""), s.obj["metadata"]["name"])
+            for s in self.store.scan(key)
+        ]
+
+    def delete_pod(
+        self, owner: dict[str, Any], pod: dict[str, Any], message: str | None = None
+    ) -> bool:
+        """Delete a pod this controller owns and record `SuccessfulDelete` on the owner (the
+        message defaults to "Deleted pod: NAME"); False when it was already going or gone."""
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return False
+        try:
+            self.store.remove(self.rt("pods"), meta["namespace"], meta["name"])
+        except errors.ApiError as exc:
+            if exc.code != 404:
+                raise
+            return False
+        text = message if message is not None else f"Deleted pod: {meta['name']}"
+        self.events.record(owner, "Normal", "SuccessfulDelete", text, component=self.name)
+        return True
 
     def initial_keys(self) -> list[ItemKey]:
         """Keys to reconcile at start-up."""
@@ -127,3 +153,31 @@ class Controller:
                     await asyncio.sleep(0)
                     deadline = time.perf_counter() + SLICE_SECONDS
             await asyncio.sleep(0)
+
+
+class ClockedController(Controller):
+    """A controller whose decisions read the cluster clock (deadlines, schedules, TTLs): moving
+    the clock requeues `clock_keys()`, by default every initial key."""
+
+    def __init__(self, store: Store, clock: Clock | None = None) -> None:
+        super().__init__(store)
+        self.clock = clock or Clock()
+        self._unclock: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        super().start()
+        self._unclock = self.clock.subscribe(self._on_clock)
+
+    async def stop(self) -> None:
+        if self._unclock:
+            self._unclock()
+            self._unclock = None
+        await super().stop()
+
+    def clock_keys(self) -> list[ItemKey]:
+        """Keys to requeue when the clock moves."""
+        return self.initial_keys()
+
+    def _on_clock(self) -> None:
+        for key in self.clock_keys():
+            self.enqueue(key)

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from collections.abc import Callable
 from typing import Any
 
 from kubesim import cron, errors
-from kubesim.clock import Clock
 from kubesim.controllers import job as jobs
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import Controller
-from kubesim.store import Event, Store, Stored, parse_time
+from kubesim.controllers.base import ClockedController
+from kubesim.store import Event, Stored, parse_time
 
 CRONJOB_KEY = ("batch", "cronjobs")
 SCHEDULED_TIMESTAMP = "batch.kubernetes.io/cronjob-scheduled-timestamp"
@@ -37,35 +35,14 @@ def rfc3339(moment: dt.datetime) -> str:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-class CronJobController(Controller):
+class CronJobController(ClockedController):
     """Keys are (namespace, name) of CronJobs; Job changes requeue their CronJob."""
 
     name = COMPONENT
     resources = (CRONJOB_KEY, jobs.JOB_KEY)
 
-    def __init__(self, store: Store, clock: Clock | None = None) -> None:
-        super().__init__(store)
-        self.clock = clock or Clock()
-        self._unclock: Callable[[], None] | None = None
-
-    def start(self) -> None:
-        super().start()
-        self._unclock = self.clock.subscribe(self._on_clock)
-
-    async def stop(self) -> None:
-        if self._unclock:
-            self._unclock()
-        await super().stop()
-
-    def _on_clock(self) -> None:
-        for key in self.initial_keys():
-            self.enqueue(key)
-
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(CRONJOB_KEY)
-        ]
+        return self.keys_of(CRONJOB_KEY)
 
     def on_event(self, event: Event) -> None:
         meta = event.new.obj["metadata"]

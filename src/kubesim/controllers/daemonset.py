@@ -568,16 +568,7 @@ class DaemonSetController(Controller):
             self._delete(ds, found)
 
     def _delete(self, ds: dict[str, Any], pod: Stored) -> None:
-        meta = pod.obj["metadata"]
-        if meta.get("deletionTimestamp"):
-            return
-        try:
-            self.store.remove(self.rt("pods"), meta["namespace"], meta["name"])
-        except errors.ApiError as exc:
-            if exc.code != 404:
-                raise
-            return
-        self._event(ds, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}")
+        self.delete_pod(ds, pod.obj)
 
     def _admit(self, template: dict[str, Any]) -> dict[str, Any] | None:
         """The pod as the API server would store it (defaults, admission, validation), minus

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
 from typing import Any
 
 from kubesim import errors
-from kubesim.clock import Clock
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import Controller
-from kubesim.store import Event, Store, Stored, parse_time
+from kubesim.controllers.base import ClockedController, Controller
+from kubesim.store import Event, Stored, parse_time
 
 DEPLOY_KEY = ("apps", "deployments")
 RS_KEY = ("apps", "replicasets")
@@ -67,7 +65,7 @@ def _owner_keys(event: Event, kind: str) -> list[tuple[str, str]]:
     ]
 
 
-class DeploymentController(Controller):
+class DeploymentController(ClockedController):
     """Rolls Deployments out through ReplicaSets as upstream does: surge/unavailable-bounded
     rolling updates or Recreate, revisions, pause, proportional scaling, history cleanup,
     progress deadlines and the `ScalingReplicaSet` events."""
@@ -75,29 +73,8 @@ class DeploymentController(Controller):
     name = COMPONENT
     resources = (DEPLOY_KEY, RS_KEY, POD_KEY)
 
-    def __init__(self, store: Store, clock: Clock | None = None) -> None:
-        super().__init__(store)
-        self.clock = clock or Clock()
-        self._unclock: Callable[[], None] | None = None
-
-    def start(self) -> None:
-        super().start()
-        self._unclock = self.clock.subscribe(self._on_clock)
-
-    async def stop(self) -> None:
-        if self._unclock:
-            self._unclock()
-        await super().stop()
-
-    def _on_clock(self) -> None:
-        for key in self.initial_keys():
-            self.enqueue(key)
-
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(DEPLOY_KEY)
-        ]
+        return self.keys_of(DEPLOY_KEY)
 
     def on_event(self, event: Event) -> None:
         if event.key == DEPLOY_KEY:
@@ -801,10 +778,7 @@ class ReplicaSetController(Controller):
     resources = (RS_KEY, POD_KEY)
 
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(RS_KEY)
-        ]
+        return self.keys_of(RS_KEY)
 
     def on_event(self, event: Event) -> None:
         if event.key == RS_KEY:
@@ -868,14 +842,7 @@ class ReplicaSetController(Controller):
                 )
             )
             for pod in live[: len(live) - replicas]:
-                self.store.remove(pods_rt, key[0], pod["metadata"]["name"])
-                self.events.record(
-                    rs,
-                    "Normal",
-                    "SuccessfulDelete",
-                    f"Deleted pod: {pod['metadata']['name']}",
-                    component="replicaset-controller",
-                )
+                self.delete_pod(rs, pod)
             live = live[len(live) - replicas :]
         min_ready = int(spec.get("minReadySeconds") or 0)
         ready = sum(1 for p in live if scheduling.pod_ready(p))

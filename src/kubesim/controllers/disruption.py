@@ -94,10 +94,7 @@ class DisruptionController(Controller):
     resources = (PDB_KEY, POD_KEY)
 
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(PDB_KEY)
-        ]
+        return self.keys_of(PDB_KEY)
 
     def on_event(self, event: Event) -> None:
         meta = event.new.obj["metadata"]

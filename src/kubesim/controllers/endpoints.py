@@ -10,7 +10,6 @@ are the user's), as upstream.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from typing import Any
 
 from kubesim import errors
@@ -180,17 +179,6 @@ def hostname(pod: dict[str, Any], service: dict[str, Any]) -> str:
     return ""
 
 
-def services_for_pod(store: Store, event: Event) -> Iterable[tuple[str, str]]:
-    """Keys of the Services whose selectors select the pod before or after an event."""
-    meta = event.new.obj["metadata"]
-    namespace = meta.get("namespace", "")
-    old_labels = event.old.obj["metadata"].get("labels") if event.old is not None else None
-    for stored in store.scan(SERVICE_KEY, namespace):
-        service = stored.obj
-        if service_selects(service, meta.get("labels")) or service_selects(service, old_labels):
-            yield (namespace, service["metadata"]["name"])
-
-
 class EndpointsController(Controller):
     """Keys are (namespace, name) of Services."""
 
@@ -203,10 +191,7 @@ class EndpointsController(Controller):
         self._memo: dict[tuple[str, str], dict[str, Any]] = {}
 
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(SERVICE_KEY)
-        ]
+        return self.keys_of(SERVICE_KEY)
 
     def on_event(self, event: Event) -> None:
         if event.key == SERVICE_KEY:

@@ -48,10 +48,7 @@ class EndpointSliceController(Controller):
         ] = {}
 
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(SERVICE_KEY)
-        ]
+        return self.keys_of(SERVICE_KEY)
 
     def on_event(self, event: Event) -> None:
         if event.key == SERVICE_KEY:

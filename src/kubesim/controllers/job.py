@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from kubesim import errors
 from kubesim.clock import Clock
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import Controller
+from kubesim.controllers.base import ClockedController
 from kubesim.store import Event, Store, Stored
 
 log = logging.getLogger("kubesim.job")
@@ -74,34 +72,24 @@ def parse_indexes(text: str) -> set[int]:
     return result
 
 
-class JobController(Controller):
+class JobController(ClockedController):
     """Keys are ("job", namespace, name) and ("pod", namespace, name) for orphaned pods."""
 
     name = COMPONENT
     resources = (JOB_KEY, POD_KEY)
 
     def __init__(self, store: Store, clock: Clock | None = None) -> None:
-        super().__init__(store)
-        self.clock = clock or Clock()
-        self._unclock: Callable[[], None] | None = None
+        super().__init__(store, clock)
         # Pods this controller deleted on purpose (suspend, lower parallelism, a finished Job):
         # they do not count as failures.
         self._deleted: set[str] = set()
 
-    def start(self) -> None:
-        super().start()
-        self._unclock = self.clock.subscribe(self._on_clock)
-
-    async def stop(self) -> None:
-        if self._unclock:
-            self._unclock()
-        await super().stop()
-
-    def _on_clock(self) -> None:
-        for stored in self.store.scan(JOB_KEY):
-            if not finished(stored.obj):
-                meta = stored.obj["metadata"]
-                self.enqueue(("job", meta["namespace"], meta["name"]))
+    def clock_keys(self) -> list[Any]:
+        return [
+            ("job", s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
+            for s in self.store.scan(JOB_KEY)
+            if not finished(s.obj)
+        ]
 
     def initial_keys(self) -> list[Any]:
         return [
@@ -391,23 +379,9 @@ class _JobSync:
         return created
 
     def _delete(self, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        if meta.get("deletionTimestamp"):
-            return
-        self.c._deleted.add(meta.get("uid", ""))
-        try:
-            self.store.remove(self.c.rt("pods"), meta["namespace"], meta["name"])
-        except errors.ApiError as exc:
-            if exc.code != 404:
-                raise
-            return
-        self.c.events.record(
-            self.job,
-            "Normal",
-            "SuccessfulDelete",
-            f"Deleted pod: {meta['name']}",
-            component=COMPONENT,
-        )
+        if not pod["metadata"].get("deletionTimestamp"):
+            self.c._deleted.add(pod["metadata"].get("uid", ""))
+        self.c.delete_pod(self.job, pod)
 
     # ----- decisions ----------------------------------------------------------------------------
 

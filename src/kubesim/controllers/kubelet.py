@@ -13,12 +13,13 @@ import fnmatch
 import hashlib
 import inspect
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kubesim import errors, selectors
+from kubesim import errors, runner_logs, selectors
 from kubesim.controllers.base import Controller
 from kubesim.controllers.volumes import (
     CONFIGMAP_KEY,
@@ -665,6 +666,8 @@ class _PodWorker:
         )
         self.contexts[ctx.container_name] = ctx
         runner = registration.runner
+        # Logging records of the runner (and tasks it starts) belong to this container's log.
+        runner_token = runner_logs.CURRENT.set(ctx)
         try:
             if isinstance(runner, PodRunnerObject):
                 await runner.start(ctx)
@@ -683,8 +686,12 @@ class _PodWorker:
             raise
         except Exception:
             log.exception("pod runner for %s/%s container %s failed", *self.key, ctx.container_name)
+            # A crashing program leaves its traceback in its log, as a real one would.
+            for line in traceback.format_exc().splitlines():
+                ctx.log(line, "stderr")
             return 1
         finally:
+            runner_logs.CURRENT.reset(runner_token)
             self.contexts.pop(ctx.container_name, None)
 
     def running_containers(self) -> list[tuple[dict[str, Any], bool]]:

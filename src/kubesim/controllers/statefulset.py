@@ -42,10 +42,7 @@ class StatefulSetController(Controller):
     resources = (STS_KEY, POD_KEY)
 
     def initial_keys(self) -> list[Any]:
-        return [
-            (s.obj["metadata"]["namespace"], s.obj["metadata"]["name"])
-            for s in self.store.scan(STS_KEY)
-        ]
+        return self.keys_of(STS_KEY)
 
     def on_event(self, event: Event) -> None:
         meta = event.new.obj["metadata"]
@@ -307,22 +304,8 @@ class _StatefulSetSync:
         return result
 
     def _delete(self, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        if meta.get("deletionTimestamp"):
-            return
-        try:
-            self.store.remove(self.c.rt("pods"), meta["namespace"], meta["name"])
-        except errors.ApiError as exc:
-            if exc.code != 404:
-                raise
-            return
-        self.c.events.record(
-            self.sts,
-            "Normal",
-            "SuccessfulDelete",
-            f"delete Pod {meta['name']} in StatefulSet {self.name} successful",
-            component=COMPONENT,
-        )
+        name = pod["metadata"]["name"]
+        self.c.delete_pod(self.sts, pod, f"delete Pod {name} in StatefulSet {self.name} successful")
 
     # ----- revisions ----------------------------------------------------------------------------
 

@@ -6,39 +6,19 @@ time; the deletion cascades in the foreground, as upstream. Time is the cluster 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from kubesim import errors
-from kubesim.clock import Clock
 from kubesim.controllers import job as jobs
-from kubesim.controllers.base import Controller
-from kubesim.store import Event, Store
+from kubesim.controllers.base import ClockedController
+from kubesim.store import Event
 
 
-class TTLAfterFinishedController(Controller):
+class TTLAfterFinishedController(ClockedController):
     """Keys are (namespace, name) of Jobs with a TTL."""
 
     name = "ttl-after-finished-controller"
     resources = (jobs.JOB_KEY,)
-
-    def __init__(self, store: Store, clock: Clock | None = None) -> None:
-        super().__init__(store)
-        self.clock = clock or Clock()
-        self._unclock: Callable[[], None] | None = None
-
-    def start(self) -> None:
-        super().start()
-        self._unclock = self.clock.subscribe(self._on_clock)
-
-    def _on_clock(self) -> None:
-        for key in self.initial_keys():
-            self.enqueue(key)
-
-    async def stop(self) -> None:
-        if self._unclock:
-            self._unclock()
-        await super().stop()
 
     def initial_keys(self) -> list[Any]:
         return [

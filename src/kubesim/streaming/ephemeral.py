@@ -12,9 +12,9 @@ import re
 from typing import Any
 
 from kubesim import errors, patch
-from kubesim.field_errors import FieldError, invalid
 from kubesim.resources import ResourceType
 from kubesim.store import Store, Stored
+from kubesim.validation import field
 
 POD_KEY = ("", "pods")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -44,9 +44,9 @@ def _empty(value: Any) -> bool:
     return value in (None, "", [], {}, 0, False)
 
 
-def validate(old_pod: dict[str, Any], new_list: list[Any]) -> list[FieldError]:
+def validate(old_pod: dict[str, Any], new_list: list[Any]) -> list[field.FieldError]:
     """The problems with replacing the pod's ephemeral containers by `new_list`."""
-    problems: list[FieldError] = []
+    problems: list[field.FieldError] = []
     spec = old_pod.get("spec") or {}
     others = {c.get("name") for k in ("containers", "initContainers") for c in spec.get(k) or []}
     seen = set(others)
@@ -54,14 +54,14 @@ def validate(old_pod: dict[str, Any], new_list: list[Any]) -> list[FieldError]:
     for index, container in enumerate(new_list):
         at = f"{path}[{index}]"
         if not isinstance(container, dict):
-            problems.append(FieldError.invalid_value(at, container, "must be an object"))
+            problems.append(field.invalid(at, container, "must be an object"))
             continue
         name = container.get("name") or ""
         if not name:
-            problems.append(FieldError.required(f"{at}.name"))
+            problems.append(field.required(f"{at}.name"))
         elif not _DNS_LABEL.match(name) or len(name) > 63:
             problems.append(
-                FieldError.invalid_value(
+                field.invalid(
                     f"{at}.name",
                     name,
                     "a lowercase RFC 1123 label must consist of lower case alphanumeric "
@@ -71,23 +71,23 @@ def validate(old_pod: dict[str, Any], new_list: list[Any]) -> list[FieldError]:
                 )
             )
         if name in seen:
-            problems.append(FieldError.duplicate(f"{at}.name", name))
+            problems.append(field.duplicate(f"{at}.name", name))
         seen.add(name)
         if not container.get("image"):
-            problems.append(FieldError.required(f"{at}.image"))
+            problems.append(field.required(f"{at}.image"))
         target = container.get("targetContainerName")
         if target and target not in others:
-            problems.append(FieldError.not_found(f"{at}.targetContainerName", target))
+            problems.append(field.not_found(f"{at}.targetContainerName", target))
         for key in _DISALLOWED:
             if not _empty(container.get(key)):
                 problems.append(
-                    FieldError.forbidden(f"{at}.{key}", "cannot be set for an Ephemeral Container")
+                    field.forbidden(f"{at}.{key}", "cannot be set for an Ephemeral Container")
                 )
         for mount_index, mount in enumerate(container.get("volumeMounts") or []):
             for key in ("subPath", "subPathExpr"):
                 if isinstance(mount, dict) and mount.get(key):
                     problems.append(
-                        FieldError.forbidden(
+                        field.forbidden(
                             f"{at}.volumeMounts[{mount_index}].{key}",
                             "cannot be set for an Ephemeral Container",
                         )
@@ -97,13 +97,13 @@ def validate(old_pod: dict[str, Any], new_list: list[Any]) -> list[FieldError]:
         name = existing.get("name")
         if name not in by_name:
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     path, f"existing ephemeral containers {json.dumps(name)} may not be removed\n"
                 )
             )
         elif by_name[name] != existing:
             problems.append(
-                FieldError.forbidden(
+                field.forbidden(
                     path, f"existing ephemeral containers {json.dumps(name)} may not be changed\n"
                 )
             )
@@ -158,7 +158,7 @@ def write(
             _defaults(container)
     problems = validate(current, wanted)
     if problems:
-        raise invalid("Pod", "", name, problems)
+        field.raise_invalid("Pod", "", name, problems)
     spec = current.setdefault("spec", {})
     if wanted:
         spec["ephemeralContainers"] = wanted

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubesim import errors
-from kubesim.field_errors import FieldError, invalid
+from kubesim.validation import field
 
 # Per instance; the kubelet rotates at 10 MiB by default, a simulation needs far less.
 DEFAULT_LIMIT_BYTES = 1024 * 1024
@@ -230,25 +230,19 @@ def parse_options(query: Mapping[str, str], pod_name: str, container: str) -> Lo
     limit = _int(query, "limitBytes")
     since_seconds = _int(query, "sinceSeconds")
     since_time = _since_time(query.get("sinceTime"))
-    problems: list[FieldError] = []
+    problems: list[field.FieldError] = []
     if tail is not None and tail < 0:
-        problems.append(
-            FieldError.invalid_value("tailLines", tail, "must be greater than or equal to 0")
-        )
+        problems.append(field.invalid("tailLines", tail, "must be greater than or equal to 0"))
     if limit is not None and limit < 1:
-        problems.append(FieldError.invalid_value("limitBytes", limit, "must be greater than 0"))
+        problems.append(field.invalid("limitBytes", limit, "must be greater than 0"))
     if since_seconds is not None and since_time is not None:
         problems.append(
-            FieldError.forbidden(
-                "", "at most one of `sinceTime` or `sinceSeconds` may be specified"
-            )
+            field.forbidden("", "at most one of `sinceTime` or `sinceSeconds` may be specified")
         )
     elif since_seconds is not None and since_seconds < 1:
-        problems.append(
-            FieldError.invalid_value("sinceSeconds", since_seconds, "must be greater than 0")
-        )
+        problems.append(field.invalid("sinceSeconds", since_seconds, "must be greater than 0"))
     if problems:
-        raise invalid("PodLogOptions", "", pod_name, problems)
+        field.raise_invalid("PodLogOptions", "", pod_name, problems)
     since = since_time
     if since_seconds is not None:
         since = time.time_ns() - since_seconds * 1_000_000_000

@@ -80,6 +80,11 @@ def duplicate(field: str, value: Any) -> FieldError:
     return FieldError("FieldValueDuplicate", field, value)
 
 
+def not_found(field: str, value: Any) -> FieldError:
+    """A value naming something that does not exist."""
+    return FieldError("FieldValueNotFound", field, value)
+
+
 def forbidden(field: str, detail: str) -> FieldError:
     """A value not allowed in this situation."""
     return FieldError("FieldValueForbidden", field, "", detail)
@@ -160,7 +165,8 @@ def raise_invalid(kind: str, group: str, name: str, problems: list[FieldError]) 
         return
     texts = [str(p) for p in unique]
     joined = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
-    details: dict[str, Any] = {"name": name, "kind": kind}
+    # The real Status leaves out an empty name (options kinds such as ListOptions have none).
+    details: dict[str, Any] = {"name": name, "kind": kind} if name else {"kind": kind}
     if group:
         details["group"] = group
     details["causes"] = [
