@@ -171,17 +171,26 @@ def iterate(fs: FieldSet, prefix: Path = ()) -> Iterator[Path]:
 
 
 def canonical(fs: FieldSet) -> FieldSet:
-    """The set with `.` first and elements in the server's order (fields, keys, values, indexes)."""
+    """The set with `.` first and elements in the server's order (fields, keys, values, indexes):
+    `fs` itself, or its unchanged parts, where they are in that order already."""
+    if len(fs) == 1 and SELF not in fs:
+        # One element (a path down to a single field, the usual update) is in order as it is.
+        [(key, sub)] = fs.items()
+        fixed = canonical(sub) if sub else sub
+        return fs if fixed is sub else {key: fixed}
     result: FieldSet = {SELF: {}} if SELF in fs else {}
     names = sorted(k for k in fs if k != SELF)
     if names and not names[-1].startswith("f:"):
         # Fields sort as plain strings and come first; keys and values sort by their values.
         first = next(i for i, k in enumerate(names) if not k.startswith("f:"))
         names[first:] = sorted(names[first:], key=_order)
+    same = not result or fs[SELF] == {}
     for key in names:
         sub = fs[key]
-        result[key] = canonical(sub) if sub else sub
-    return result
+        fixed = result[key] = canonical(sub) if sub else sub
+        same = same and fixed is sub
+    # Sets are never mutated, so an equal one may be shared (stored entries keep theirs).
+    return fs if same and list(result) == list(fs) else result
 
 
 _TYPE_RANK = {"f": 0, "k": 1, "v": 2, "i": 3}

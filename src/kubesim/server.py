@@ -481,7 +481,20 @@ class ApiServer:
             return self._object(rt, result)
         if stored is None:
             raise errors.not_found(rt.plural, rt.group, target.name)
-        current = stored.copy()
+        if (
+            rt.status_subresource
+            and target.subresource is None
+            and content_type in (patch.MERGE, patch.STRATEGIC)
+            and isinstance(body, dict)
+            and "status" not in body
+        ):
+            # An update through the main resource keeps the stored status (Store.replace puts
+            # it back), so its copy would only be decoded, compared equal and dropped. Neither
+            # patch type descends into a field the patch does not name, and decoding leaves
+            # parts equal to the stored version alone, so the shared status is never mutated.
+            current = stored.copy_sharing("status")
+        else:
+            current = stored.copy()
         if content_type == patch.MERGE:
             if not isinstance(body, dict):
                 raise errors.bad_request("a merge patch must be a JSON object")
@@ -604,7 +617,10 @@ class ApiServer:
                     waits.append(next_bookmark - current)
                 wait = max(0.0, min(waits)) if waits else None
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                    if wait is None:  # the usual watch: no timeout, no bookmarks to interleave
+                        item = await watcher.queue.get()
+                    else:
+                        item = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
                     current = time.monotonic()
                     if deadline is not None and current >= deadline:

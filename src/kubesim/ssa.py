@@ -388,7 +388,8 @@ def _compare(
             else:
                 rem[pe] = {}
         elif len(before) <= 1 and len(after) <= 1:
-            _compare_child(pe, before[0], after[0], elem, walk, add, mod, rem)
+            if before[0] is not after[0] and before[0] != after[0]:
+                _compare_child(pe, before[0], after[0], elem, walk, add, mod, rem)
         elif len(before) >= 2 and len(after) >= 2:
             if before != after:
                 mod[pe] = {}
@@ -433,8 +434,8 @@ def _compare_child(
         kids = _all_paths(old, shape, walk)
         rem[pe] = {SELF: {}, **kids} if kids else {}
         return
-    if old is new or old == new:
-        return
+    # Callers pass two present values only when they differ (the check is theirs, so a
+    # changed map is not compared whole a second time on the way down).
     mode = _mode(new, shape)
     old_mode = _mode(old, shape)
     # A null next to a map or list compares as an empty one: its entries are removed (or
@@ -674,7 +675,10 @@ def decode_managers(entries: Any) -> list[Manager]:
 def encode_managers(managers: Iterable[Manager]) -> list[dict[str, Any]]:
     """Entries in the server's order: appliers first, then by time, manager, version."""
     live = [m for m in managers if m.fields]
-    live.sort(key=lambda m: (m.operation, m.time or "", m.manager, m.api_version, m.subresource))
+    if len(live) > 1:
+        live.sort(
+            key=lambda m: (m.operation, m.time or "", m.manager, m.api_version, m.subresource)
+        )
     return [m.encode() for m in live]
 
 
@@ -682,8 +686,70 @@ def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
     body = dict(obj)
     meta = body.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
-        body["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+        meta = body["metadata"] = dict(meta)
+        del meta["managedFields"]
     return body
+
+
+# The metadata fields of STRIPPED (what `_keeps_stripped` looks for in a change).
+_STRIPPED_META = frozenset(STRIPPED["f:metadata"])
+
+
+def _keeps_stripped(changed: FieldSet) -> bool:
+    """Whether `difference(changed, STRIPPED)` is `changed` itself: it names no identity field,
+    and metadata (if there) is a plain parent of other fields."""
+    if "f:apiVersion" in changed or "f:kind" in changed:
+        return False
+    meta = changed.get("f:metadata")
+    return meta is None or (bool(meta) and not any(k in _STRIPPED_META for k in meta))
+
+
+def _owns(owned: Any, changed: FieldSet) -> bool:
+    """Whether every member path of `changed` (a comparison's output: no `.` markers) is a
+    member of `owned`, and `owned` is in normal form along those paths (`.` only beside
+    children; its value does not matter, encoding writes it as `{}`)."""
+    for key, sub in changed.items():
+        node = owned.get(key)
+        if not isinstance(node, dict):
+            return False
+        if SELF in node and len(node) == 1:
+            return False
+        if sub:
+            if SELF in sub or not _owns(node, sub):
+                return False
+        elif node and SELF not in node:
+            return False  # a parent of owned fields, not itself owned
+    return True
+
+
+def _owned_update(
+    managers: list[Manager], identity: tuple[str, str, str, str], modified: FieldSet, now: str
+) -> list[Manager] | None:
+    """The managers after an update that only changed values its manager already owns (a
+    controller rewriting its status, a label set again), or None for the general path."""
+    # Why this equals the general path: it takes the changed fields from every manager and
+    # gives them, less STRIPPED, to the writer. With nothing added or removed, nothing stripped
+    # changed, and every changed field the writer's, the writer ends with (owned - changed) +
+    # changed = owned as path sets; the set algebra rebuilds the nodes it touches in normal
+    # form, which `_owns` checked the writer's set is in along those paths, and encoding
+    # canonicalises the rest. So the writer keeps its own set, with the new time, and the other
+    # managers lose the changed fields exactly as before.
+    if not _keeps_stripped(modified):
+        return None
+    result: list[Manager] = []
+    mine: Manager | None = None
+    for entry in managers:
+        if entry.identity != identity:
+            result.append(entry.with_fields(mf.difference(entry.fields, modified)))
+        elif mine is not None:
+            return None  # repeated entries of one manager: the general path keeps the last
+        else:
+            mine = entry
+    if mine is None or SELF in mine.fields or not _owns(mine.fields, modified):
+        return None
+    manager, operation, api_version, subresource = identity
+    result.append(Manager(manager, operation, api_version, subresource, now, mine.fields))
+    return result
 
 
 def _zero(obj: Mapping[str, Any], shape: Shape) -> dict[str, Any]:
@@ -732,9 +798,18 @@ def record_update(
         else:
             meta.pop("managedFields", None)
         return
-    touched = mf.union(changes.modified, changes.added)
-    lost = mf.union(touched, changes.removed)
     identity = (manager, "Update", api_version, subresource or "")
+    if not changes.added and not changes.removed:
+        owned = _owned_update(managers, identity, changes.modified, now)
+        if owned is not None:
+            meta["managedFields"] = encode_managers(owned)
+            return
+    # A comparison's sets never mark their root, so a union with an empty one is the other.
+    if changes.modified and changes.added:
+        touched = mf.union(changes.modified, changes.added)
+    else:
+        touched = changes.modified or changes.added
+    lost = mf.union(touched, changes.removed) if changes.removed else touched
     result: list[Manager] = []
     mine: Manager | None = None
     for entry in managers:

@@ -104,6 +104,17 @@ class Stored:
         result: dict[str, Any] = loads(self.raw)
         return result
 
+    def copy_sharing(self, field: str) -> dict[str, Any]:
+        """A private copy of the object but for one top-level field, which is the stored value
+        itself (the caller must not mutate it); key order is kept."""
+        if field not in self.obj:
+            return self.copy()
+        result: dict[str, Any] = loads(
+            dumps({k: None if k == field else v for k, v in self.obj.items()})
+        )
+        result[field] = self.obj[field]
+        return result
+
     @property
     def rv(self) -> int:
         """The resourceVersion as an integer."""
@@ -136,6 +147,9 @@ class Watcher:
         self.fields = fields
         self.queue: asyncio.Queue[tuple[str, Stored] | None] = asyncio.Queue()
         self.closed = False
+        # Without selectors only the namespace decides, and no update moves an object to
+        # another namespace: its events pass or not as they are (none enters or leaves).
+        self._unfiltered = labels.empty and fields.empty
 
     def selects(self, obj: dict[str, Any]) -> bool:
         """Whether an object is inside this watcher's selection."""
@@ -148,6 +162,11 @@ class Watcher:
 
     def translate(self, event: Event) -> tuple[str, Stored] | None:
         """The event this watcher should see, if any."""
+        if self._unfiltered:
+            namespace = self.namespace
+            if namespace is None or event.new.obj["metadata"].get("namespace", "") == namespace:
+                return (event.type, event.new)
+            return None
         new_in = self.selects(event.new.obj)
         if event.type != "MODIFIED" or event.old is None:
             return (event.type, event.new) if new_in else None

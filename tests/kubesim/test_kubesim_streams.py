@@ -321,8 +321,10 @@ async def test_python_logging_of_a_runner_and_its_crash_reach_its_container_log(
         sim.register_pod_runner(crashing, image="example/crash")
         sim.store.create(pod("crash", image="example/crash", restartPolicy="Never"))
         await sim.wait_for(
-            lambda: (sim.store.get("pods", "crash", "default") or {}).get("status", {}).get("phase")
-            == "Failed",
+            lambda: (
+                (sim.store.get("pods", "crash", "default") or {}).get("status", {}).get("phase")
+                == "Failed"
+            ),
             5,
         )
         logger.info("outside any runner: in no container log")

@@ -578,10 +578,14 @@ def config_map(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[Fi
     binary = obj.get("binaryData") or {}
     total = 0
     for key, value in data.items():
-        problems.extend(field.invalid(f"data[{key}]", key, p) for p in syntax.config_key(key))
+        bad = syntax.config_key(key)
+        if bad:
+            problems.extend(field.invalid(f"data[{key}]", key, p) for p in bad)
         total += len(str(value).encode())
     for key, value in binary.items():
-        problems.extend(field.invalid(f"binaryData[{key}]", key, p) for p in syntax.config_key(key))
+        bad = syntax.config_key(key)
+        if bad:
+            problems.extend(field.invalid(f"binaryData[{key}]", key, p) for p in bad)
         if key in data:
             problems.append(
                 field.invalid(f"data[{key}]", key, "duplicate of key present in binaryData")
@@ -611,7 +615,9 @@ def secret(obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldE
     data = obj.get("data") or {}
     total = 0
     for key, value in data.items():
-        problems.extend(field.invalid(f"data[{key}]", key, p) for p in syntax.config_key(key))
+        bad = syntax.config_key(key)
+        if bad:
+            problems.extend(field.invalid(f"data[{key}]", key, p) for p in bad)
         total += len(str(value)) * 3 // 4
     if total > DATA_LIMIT:
         problems.append(field.too_long("data", DATA_LIMIT))

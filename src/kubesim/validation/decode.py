@@ -191,7 +191,9 @@ class Decoder:
                     del value[key]
                     continue
                 before = olds.get(key) if olds is not None else None
-                if (before is not None and item == before) or _plain_ok(item, child):
+                if item is before or (before is not None and item == before):
+                    continue  # shared with or equal to the stored version: decoded already
+                if _plain_ok(item, child):
                     continue
                 value[key] = self.decode(item, child, (at, key, True, plan.struct), before)
             return value
@@ -386,7 +388,7 @@ def decode_object(
 ) -> Decoder:
     """Decode a whole object in place against its kind's definition (by name)."""
     decoder = Decoder()
-    plan = _plan_for({"$ref": bs.REF_PREFIX + definition})
+    plan = _PLANS.get(definition) or _plan_for({"$ref": bs.REF_PREFIX + definition})
     decoder.decode(obj, plan, (None, None, False, plan.struct), old)
     return decoder
 

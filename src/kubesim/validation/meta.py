@@ -33,10 +33,15 @@ def labels(values: Any, path: str) -> list[FieldError]:
     problems: list[FieldError] = []
     if not isinstance(values, Mapping):
         return problems
+    # Every write of a labelled object passes here: the usual valid label costs two calls.
     for key, value in values.items():
-        problems.extend(field.invalid(path, key, p) for p in syntax.qualified_name(key))
+        bad = syntax.qualified_name(key)
+        if bad:
+            problems.extend(field.invalid(path, key, p) for p in bad)
         if isinstance(value, str):
-            problems.extend(field.invalid(path, value, p) for p in syntax.label_value(value))
+            bad = syntax.label_value(value)
+            if bad:
+                problems.extend(field.invalid(path, value, p) for p in bad)
     return problems
 
 
@@ -47,7 +52,9 @@ def annotation_map(values: Any, path: str) -> list[FieldError]:
         return problems
     total = 0
     for key, value in values.items():
-        problems.extend(field.invalid(path, key, p) for p in syntax.qualified_name(key.lower()))
+        bad = syntax.qualified_name(key.lower())
+        if bad:
+            problems.extend(field.invalid(path, key, p) for p in bad)
         total += len(key) + len(str(value).encode())
     if total > ANNOTATIONS_LIMIT:
         problems.append(field.too_long(path, ANNOTATIONS_LIMIT))

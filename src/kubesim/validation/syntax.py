@@ -1,7 +1,7 @@
 """Name and key syntax checks, returning the server's wording for each failure (empty = valid).
 
-The most used checks are memoised (keys and names repeat across writes); callers must not modify
-the lists they get back.
+The most used checks remember the values they found valid (keys and names repeat across writes),
+so a repeated value costs one set lookup; invalid values are checked again each time.
 
 The regular expressions and limits are the API's: RFC 1123 labels (63) and subdomains (253),
 qualified names (an optional subdomain prefix and a 63-character name part), label values (63),
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 
 DNS1123_LABEL_RE = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS1123_SUBDOMAIN_RE = DNS1123_LABEL_RE + r"(\." + DNS1123_LABEL_RE + ")*"
@@ -31,6 +32,30 @@ _PORT_NAME_CHARS = re.compile("^[-a-z0-9]+$")
 _PORT_NAME_LETTER = re.compile("[a-z]")
 
 
+# How many valid values each memoised check remembers before it starts afresh. A set of the
+# strings alone: an lru_cache entry (a link list and the answer list, both tracked by the garbage
+# collector) costs about 200 bytes more per name, and object names are mostly unique.
+_MEMO_LIMIT = 1 << 15
+
+
+def _memoised(check: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+    """`check`, remembering the values it accepted (a pure function: the answer never changes)."""
+    valid: set[str] = set()
+
+    @functools.wraps(check)
+    def remembered(value: str) -> list[str]:
+        if value in valid:
+            return []
+        problems = check(value)
+        if not problems:
+            if len(valid) >= _MEMO_LIMIT:
+                valid.clear()
+            valid.add(value)
+        return problems
+
+    return remembered
+
+
 def _examples(*names: str) -> str:
     return ",  or ".join(f"'{n}'" for n in names)
 
@@ -44,7 +69,7 @@ def max_len(limit: int) -> str:
     return f"must be no more than {limit} characters"
 
 
-@functools.lru_cache(maxsize=8192)
+@_memoised
 def dns1123_label(value: str) -> list[str]:
     """Problems with an RFC 1123 label (container names, namespaces, services)."""
     problems = []
@@ -63,7 +88,7 @@ def dns1123_label(value: str) -> list[str]:
     return problems
 
 
-@functools.lru_cache(maxsize=8192)
+@_memoised
 def dns1123_subdomain(value: str) -> list[str]:
     """Problems with an RFC 1123 subdomain (most object names)."""
     problems = []
@@ -109,7 +134,7 @@ def path_segment_name(value: str) -> list[str]:
     return []
 
 
-@functools.lru_cache(maxsize=8192)
+@_memoised
 def qualified_name(value: str) -> list[str]:
     """Problems with a qualified name (label and annotation keys): `[prefix/]name`."""
     parts = value.split("/")
@@ -154,7 +179,7 @@ def qualified_name(value: str) -> list[str]:
     return problems
 
 
-@functools.lru_cache(maxsize=8192)
+@_memoised
 def label_value(value: str) -> list[str]:
     """Problems with a label value."""
     problems = []
@@ -174,6 +199,7 @@ def label_value(value: str) -> list[str]:
     return problems
 
 
+@_memoised
 def config_key(value: str) -> list[str]:
     """Problems with a ConfigMap or Secret data key."""
     problems = []
