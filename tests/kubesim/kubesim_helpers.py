@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+import kubesim
 from kubesim import KubeletConfig
+
+KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
+needs_kubectl = pytest.mark.skipif(
+    not KUBECTL.exists(),
+    reason="kubectl not installed (run scripts/setup, which runs scripts/install_tools.py)",
+)
+
+
+async def kubectl(
+    sim: kubesim.Cluster, *args: str, stdin: str | None = None, check: bool = True
+) -> str:
+    """Run the real kubectl against the cluster; stdout and stderr together (and, with `check`,
+    a failed command fails the test with its output)."""
+    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
+    proc = await asyncio.create_subprocess_exec(
+        str(KUBECTL),
+        *args,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
+    text = out.decode()
+    if check:
+        assert proc.returncode == 0, text
+    return text
 
 
 class Api:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kubesim_helpers import KUBECTL, kubectl, needs_kubectl
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
@@ -15,8 +16,6 @@ from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.types import on_error_retry
 
 import kubesim
-
-KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
 
 
 async def test_lightkube_crud_watch_and_apply(sim: kubesim.Cluster) -> None:
@@ -93,30 +92,6 @@ async def test_lightkube_watch_recovers_from_gone(sim: kubesim.Cluster) -> None:
 
 
 # ----- kubectl ---------------------------------------------------------------------------------
-
-needs_kubectl = pytest.mark.skipif(
-    not KUBECTL.exists(),
-    reason="kubectl not installed (run scripts/setup, which runs scripts/install_tools.py)",
-)
-
-
-async def kubectl(
-    sim: kubesim.Cluster, *args: str, stdin: str | None = None, check: bool = True
-) -> str:
-    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
-    proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL),
-        *args,
-        stdin=asyncio.subprocess.PIPE if stdin else None,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
-    text = out.decode()
-    if check:
-        assert proc.returncode == 0, text
-    return text
 
 
 DEPLOYMENT = """

@@ -3,22 +3,17 @@ time-sliced passes; Endpoints truncation at scale; and a kubectl rollout session
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import daemonset, instant
+from kubesim_helpers import daemonset, instant, kubectl, needs_kubectl
 
 import kubesim
 from kubesim.controllers import daemonset as ds_module
 from kubesim.controllers.daemonset import DaemonSetController
 
-KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
-needs_kubectl = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
 NODES = 30
 
 
@@ -325,18 +320,6 @@ async def test_endpoints_hold_at_most_1000_addresses_and_say_so() -> None:
 
 
 # ----- kubectl ------------------------------------------------------------------------------
-
-
-async def kubectl(sim: kubesim.Cluster, *args: str, stdin: str | None = None) -> str:
-    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
-    proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL), *args, env=env,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
-    assert proc.returncode == 0, out.decode()
-    return out.decode()
 
 
 @needs_kubectl

@@ -3,22 +3,18 @@ retries when the cluster changes, scoring, and the real kubectl against it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import instant
+from kubesim_helpers import instant, kubectl, needs_kubectl
 
 import kubesim
 from kubesim import KubeletConfig, quantity
 from kubesim.controllers import scheduling
 from kubesim.controllers.scheduler import feasible_nodes_to_find
 
-KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
 CUDA = "nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04"
 
 
@@ -472,22 +468,6 @@ async def test_finished_pods_give_their_resources_back() -> None:
 
 
 # ----- the real kubectl --------------------------------------------------------------------------
-
-needs_kubectl = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
-
-
-async def kubectl(sim: kubesim.Cluster, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
-    proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, out.decode()
-    return out.decode()
 
 
 def nvidia_smi_overrides(name: str) -> str:

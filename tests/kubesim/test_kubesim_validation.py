@@ -6,10 +6,8 @@ Over HTTP with the real Status bodies, and with the real kubectl (explain, apply
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import Api
+from kubesim_helpers import KUBECTL, Api, kubectl, needs_kubectl
 
 import kubesim
 from kubesim import builtin_schemas, errors, openapi, openapi_v2
 from kubesim.validation import batch, quantity
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
 DEPLOYS = "/apis/apps/v1/namespaces/default/deployments"
 PODS = "/api/v1/namespaces/default/pods"
 SERVICES = "/api/v1/namespaces/default/services"
@@ -681,28 +678,6 @@ async def test_documents_are_built_once_per_registry_generation(sim: kubesim.Clu
 
 
 # ----- kubectl --------------------------------------------------------------------------------
-
-needs_kubectl = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
-
-
-async def kubectl(
-    sim: kubesim.Cluster, *args: str, stdin: str | None = None, check: bool = True
-) -> str:
-    """Run the real kubectl against the cluster; stdout and stderr together."""
-    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
-    proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL),
-        *args,
-        stdin=asyncio.subprocess.PIPE if stdin else None,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
-    text = out.decode()
-    if check:
-        assert proc.returncode == 0, text
-    return text
 
 
 @needs_kubectl

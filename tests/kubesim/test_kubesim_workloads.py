@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import re
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import Api, instant
+from kubesim_helpers import Api, instant, kubectl, needs_kubectl
 
 import kubesim
 from kubesim import cron, errors, tables
 from kubesim.controllers.kubelet import PodContext
 
-KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
-needs_kubectl = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
 TASK = "example/task"
 
 
@@ -1381,25 +1377,6 @@ async def test_tables_use_the_real_printer_columns(sim: kubesim.Cluster, api: Ap
 
 
 # ----- real kubectl -----------------------------------------------------------------------------
-
-
-async def kubectl(
-    sim: kubesim.Cluster, *args: str, stdin: str | None = None, check: bool = True
-) -> str:
-    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
-    proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL),
-        *args,
-        stdin=asyncio.subprocess.PIPE if stdin else None,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
-    text = out.decode()
-    if check:
-        assert proc.returncode == 0, text
-    return text
 
 
 async def poll(check: Callable[[], Any], timeout: float = 20.0) -> Any:

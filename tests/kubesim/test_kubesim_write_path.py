@@ -9,14 +9,13 @@ import asyncio
 import copy
 import json
 import os
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from kubesim_helpers import Api, configmap
+from kubesim_helpers import KUBECTL, Api, configmap, kubectl, needs_kubectl
 
 import kubesim
 from kubesim import managed_fields as mf
@@ -405,23 +404,6 @@ def test_a_copy_sharing_one_field_equals_a_copy_and_owns_the_rest() -> None:
 
 
 # ----- kubectl -----------------------------------------------------------------------------------
-
-KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
-needs_kubectl = pytest.mark.skipif(not KUBECTL.exists(), reason="kubectl not installed")
-
-
-async def kubectl(sim: kubesim.Cluster, *args: str) -> str:
-    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig_path)}
-    proc = await asyncio.create_subprocess_exec(
-        str(KUBECTL),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, out.decode()
-    return out.decode()
 
 
 @needs_kubectl

@@ -12,8 +12,9 @@ from typing import Any
 from kubesim import errors
 from kubesim.clock import Clock
 from kubesim.controllers.events import EventRecorder
+from kubesim.controllers.scheduling import is_controlled_by
 from kubesim.resources import ResourceType
-from kubesim.store import Event, Key, Store
+from kubesim.store import Event, Key, Store, Stored
 
 log = logging.getLogger("kubesim.controllers")
 
@@ -21,6 +22,18 @@ ItemKey = Hashable
 # How long a controller works before it lets the event loop (and so the API server) run: every
 # controller runs in the server's loop, and a request waits for whatever runs ahead of it.
 SLICE_SECONDS = 0.005
+
+
+def controlled(store: Store, uid: str, key: Key) -> list[Stored]:
+    """The objects under a resource key whose controller ownerReference is `uid`."""
+    result = []
+    for dep_key, ns, name in store.dependents(uid):
+        if dep_key != key:
+            continue
+        found = store.peek(dep_key, ns, name)
+        if found is not None and is_controlled_by(found.obj, uid):
+            result.append(found)
+    return result
 
 
 class Controller:

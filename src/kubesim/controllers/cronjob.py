@@ -16,7 +16,7 @@ from typing import Any
 from kubesim import cron, errors
 from kubesim.controllers import job as jobs
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import ClockedController
+from kubesim.controllers.base import ClockedController, controlled
 from kubesim.store import Event, Stored, parse_time
 
 CRONJOB_KEY = ("batch", "cronjobs")
@@ -71,15 +71,7 @@ class CronJobController(ClockedController):
     # ----- active list and history --------------------------------------------------------------
 
     def _jobs(self, cronjob: dict[str, Any]) -> list[dict[str, Any]]:
-        uid = cronjob["metadata"]["uid"]
-        found = []
-        for key, ns, name in self.store.dependents(uid):
-            if key != jobs.JOB_KEY:
-                continue
-            child = self.store.peek(key, ns, name)
-            if child is not None and scheduling.is_controlled_by(child.obj, uid):
-                found.append(child.obj)
-        return found
+        return [s.obj for s in controlled(self.store, cronjob["metadata"]["uid"], jobs.JOB_KEY)]
 
     def _sync_active(
         self, cronjob: dict[str, Any], status: dict[str, Any], children: list[dict[str, Any]]

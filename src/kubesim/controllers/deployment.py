@@ -8,7 +8,7 @@ from typing import Any
 
 from kubesim import errors
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import ClockedController, Controller
+from kubesim.controllers.base import ClockedController, Controller, controlled
 from kubesim.store import Event, Stored, parse_time
 
 DEPLOY_KEY = ("apps", "deployments")
@@ -45,15 +45,7 @@ def _owner_ref(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def _owned(controller: Controller, owner: dict[str, Any], key: tuple[str, str]) -> list[Stored]:
-    uid = owner["metadata"]["uid"]
-    result = []
-    for dep_key, ns, name in controller.store.dependents(uid):
-        if dep_key != key:
-            continue
-        stored = controller.store.peek(dep_key, ns, name)
-        if stored is not None and scheduling.is_controlled_by(stored.obj, uid):
-            result.append(stored)
-    return result
+    return controlled(controller.store, owner["metadata"]["uid"], key)
 
 
 def _owner_keys(event: Event, kind: str) -> list[tuple[str, str]]:

@@ -179,19 +179,20 @@ def hostname(pod: dict[str, Any], service: dict[str, Any]) -> str:
     return ""
 
 
-class EndpointsController(Controller):
-    """Keys are (namespace, name) of Services."""
-
-    name = "endpoint-controller"
-    resources = (SERVICE_KEY, POD_KEY)
+class ServiceController(Controller):
+    """Keys are (namespace, name) of selector Services; `memo` keeps per-Service state that a
+    Service's deletion drops. Pod changes are batched on big Services (`batch_delay`)."""
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self.selected = ServicePods(store)
-        self._memo: dict[tuple[str, str], dict[str, Any]] = {}
+        self.memo: dict[tuple[str, str], Any] = {}
 
     def initial_keys(self) -> list[Any]:
         return self.keys_of(SERVICE_KEY)
+
+    def enqueue_batched(self, key: tuple[str, str]) -> None:
+        self.enqueue_after(key, batch_delay(self.selected.count(key)))
 
     def on_event(self, event: Event) -> None:
         if event.key == SERVICE_KEY:
@@ -199,11 +200,18 @@ class EndpointsController(Controller):
             key = (meta["namespace"], meta["name"])
             if event.type == "DELETED":
                 self.selected.forget(key)
-                self._memo.pop(key, None)
+                self.memo.pop(key, None)
             self.enqueue(key)
         elif event.key == POD_KEY:
             for key in self.selected.pod_changed(event):
-                self.enqueue_after(key, batch_delay(self.selected.count(key)))
+                self.enqueue_batched(key)
+
+
+class EndpointsController(ServiceController):
+    """Keys are (namespace, name) of Services."""
+
+    name = "endpoint-controller"
+    resources = (SERVICE_KEY, POD_KEY)
 
     def reconcile(self, key: Any) -> None:
         namespace, name = key
@@ -218,7 +226,7 @@ class EndpointsController(Controller):
         service = stored.obj
         if not managed(service):
             return
-        memo = self._memo.setdefault(key, {})
+        memo = self.memo.setdefault(key, {})
         subsets, truncated = truncate(
             build_subsets(self.store, service, self.selected.pods(service), memo)
         )

@@ -13,8 +13,7 @@ from typing import Any
 
 from kubesim.controllers import endpoints as common
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import Controller
-from kubesim.store import Event, Store, Stored, now
+from kubesim.store import Event, Stored, now
 
 SERVICE_KEY = common.SERVICE_KEY
 POD_KEY = common.POD_KEY
@@ -33,41 +32,23 @@ _Entry = tuple[str, Ports, dict[str, Any], tuple[int, ...]]
 _ENDPOINT_ORDER = ("addresses", "conditions", "hostname", "nodeName", "zone", "targetRef")
 
 
-class EndpointSliceController(Controller):
-    """Keys are (namespace, name) of Services."""
+class EndpointSliceController(common.ServiceController):
+    """Keys are (namespace, name) of Services; `memo` holds each Service's entries by pod name:
+    (pod version, Service version, its entry)."""
 
     name = "endpointslice-controller"
     resources = (SERVICE_KEY, POD_KEY, SLICE_KEY)
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        self.selected = common.ServicePods(store)
-        # Service -> pod name -> (pod version, Service version, its entry).
-        self._entries: dict[
-            tuple[str, str], dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]]
-        ] = {}
-
-    def initial_keys(self) -> list[Any]:
-        return self.keys_of(SERVICE_KEY)
+    memo: dict[tuple[str, str], dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]]]
 
     def on_event(self, event: Event) -> None:
-        if event.key == SERVICE_KEY:
-            meta = event.new.obj["metadata"]
-            key = (meta["namespace"], meta["name"])
-            if event.type == "DELETED":
-                self.selected.forget(key)
-                self._entries.pop(key, None)
-            self.enqueue(key)
-        elif event.key == POD_KEY:
-            for key in self.selected.pod_changed(event):
-                self.enqueue_after(key, common.batch_delay(self.selected.count(key)))
-        elif event.key == SLICE_KEY:
-            labels = event.new.obj["metadata"].get("labels") or {}
-            if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
-                # Mostly our own writes: batched like pod changes, so a big Service is not
-                # rebuilt once more after every sync.
-                key = (event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME])
-                self.enqueue_after(key, common.batch_delay(self.selected.count(key)))
+        if event.key != SLICE_KEY:
+            super().on_event(event)
+            return
+        labels = event.new.obj["metadata"].get("labels") or {}
+        if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
+            # Mostly our own writes: batched like pod changes, so a big Service is not
+            # rebuilt once more after every sync.
+            self.enqueue_batched((event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME]))
 
     def reconcile(self, key: Any) -> None:
         namespace, name = key
@@ -154,7 +135,7 @@ class EndpointSliceController(Controller):
         ident = (meta.get("namespace", ""), meta["name"])
         # Entries are remembered per pod version (and Service version): a sync after a few pod
         # changes rebuilds only theirs, not all of a big Service's endpoints.
-        previous = self._entries.get(ident, {})
+        previous = self.memo.get(ident, {})
         entries: dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]] = {}
         groups: dict[str, tuple[Ports, list[tuple[tuple[int, ...], dict[str, Any]]]]] = {}
         for pod in self.selected.pods(service):
@@ -179,7 +160,7 @@ class EndpointSliceController(Controller):
                     endpoint = {k: endpoint[k] for k in _ENDPOINT_ORDER if k in endpoint}
                     entries[name] = (pod, service, (key, ports, endpoint, order))
             groups.setdefault(key, (ports, []))[1].append((order, endpoint))
-        self._entries[ident] = entries
+        self.memo[ident] = entries
         if not groups:
             # A placeholder keeps the Service visible to consumers that watch slices.
             return [(None, None)]

@@ -15,7 +15,7 @@ from typing import Any
 
 from kubesim.clock import Clock
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import ClockedController
+from kubesim.controllers.base import ClockedController, controlled
 from kubesim.store import Event, Store, Stored
 
 log = logging.getLogger("kubesim.job")
@@ -231,15 +231,7 @@ class _JobSync:
     # ----- pods ---------------------------------------------------------------------------------
 
     def _pods(self) -> list[dict[str, Any]]:
-        uid = self.meta["uid"]
-        result = []
-        for key, ns, name in self.store.dependents(uid):
-            if key != POD_KEY:
-                continue
-            found = self.store.peek(key, ns, name)
-            if found is not None and scheduling.is_controlled_by(found.obj, uid):
-                result.append(found.obj)
-        return result
+        return [s.obj for s in controlled(self.store, self.meta["uid"], POD_KEY)]
 
     def _count(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Count finished pods that still hold the finalizer; returns the newly failed ones."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubesim import errors
 from kubesim.controllers import scheduling
-from kubesim.controllers.base import Controller
+from kubesim.controllers.base import Controller, controlled
 from kubesim.store import Event, Stored
 
 STS_KEY = ("apps", "statefulsets")
@@ -165,15 +165,7 @@ class _StatefulSetSync:
     # ----- pods ---------------------------------------------------------------------------------
 
     def _pods(self) -> list[dict[str, Any]]:
-        uid = self.meta["uid"]
-        result = []
-        for key, ns, name in self.store.dependents(uid):
-            if key != POD_KEY:
-                continue
-            found = self.store.peek(key, ns, name)
-            if found is not None and scheduling.is_controlled_by(found.obj, uid):
-                result.append(found.obj)
-        return result
+        return [s.obj for s in controlled(self.store, self.meta["uid"], POD_KEY)]
 
     def _ordinal(self, pod: dict[str, Any]) -> int | None:
         prefix, _, suffix = pod["metadata"]["name"].rpartition("-")

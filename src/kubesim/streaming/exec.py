@@ -100,16 +100,17 @@ def _not_found(name: str) -> dict[str, Any]:
     )
 
 
-async def serve_exec(
+async def _open(
     request: web.Request, pod: dict[str, Any], runtime: ContainerRuntime
-) -> web.StreamResponse:
-    """Run a command through the container's exec handler and report its exit code."""
+) -> (
+    tuple[Session, web.StreamResponse, ContainerInstance, tuple[bool, bool, bool, bool]]
+    | web.StreamResponse
+):
+    """The session of an exec or attach to a running container, with its (tty, stdin, stdout,
+    stderr) flags; or the response already sent when there is no session or no container."""
     name, _ = resolve(pod, request)
-    argv = request.query.getall("command", [])
-    tty = _flag(request, "tty")
-    wants_stdin = _flag(request, "stdin")
-    wants_stdout = _flag(request, "stdout")
-    wants_stderr = _flag(request, "stderr")
+    tty, wants_stdin = _flag(request, "tty"), _flag(request, "stdin")
+    wants_stdout, wants_stderr = _flag(request, "stdout"), _flag(request, "stderr")
     session, response = await open_session(
         request, stdin=wants_stdin, stdout=wants_stdout, stderr=wants_stderr, tty=tty
     )
@@ -119,6 +120,19 @@ async def serve_exec(
     if instance is None:
         await session.finish(_not_found(name))
         return response
+    return session, response, instance, (tty, wants_stdin, wants_stdout, wants_stderr)
+
+
+async def serve_exec(
+    request: web.Request, pod: dict[str, Any], runtime: ContainerRuntime
+) -> web.StreamResponse:
+    """Run a command through the container's exec handler and report its exit code."""
+    argv = request.query.getall("command", [])
+    opening = await _open(request, pod, runtime)
+    if isinstance(opening, web.StreamResponse):
+        return opening
+    session, response, instance, (tty, wants_stdin, wants_stdout, wants_stderr) = opening
+    name = instance.name
     opened = session  # narrowed for the closures below
     # Output nobody asked for is dropped; with a TTY the runtime merges stderr into stdout.
     stderr_channel = channels.STDOUT if tty else channels.STDERR
@@ -166,20 +180,10 @@ async def serve_attach(
     request: web.Request, pod: dict[str, Any], runtime: ContainerRuntime
 ) -> web.StreamResponse:
     """Stream the container's output from now on and feed it what the client types."""
-    name, _ = resolve(pod, request)
-    tty = _flag(request, "tty")
-    wants_stdin = _flag(request, "stdin")
-    wants_stdout = _flag(request, "stdout")
-    wants_stderr = _flag(request, "stderr")
-    session, response = await open_session(
-        request, stdin=wants_stdin, stdout=wants_stdout, stderr=wants_stderr, tty=tty
-    )
-    if session is None:
-        return response
-    instance = _running(runtime, pod, name)
-    if instance is None:
-        await session.finish(_not_found(name))
-        return response
+    opening = await _open(request, pod, runtime)
+    if isinstance(opening, web.StreamResponse):
+        return opening
+    session, response, instance, (tty, wants_stdin, wants_stdout, wants_stderr) = opening
     pump = asyncio.ensure_future(_pump_stdin(session, instance)) if wants_stdin else None
     seq = instance.log.next_seq - 1
     instance.log.followers += 1
