@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
 from rich.console import Console
 
 import gpu_operator
+from gpu_operator import upgrade_cli
 from gpu_operator.agents import cli as agents_cli
 from gpu_operator.api import crds as crd_gen
 from gpu_operator.api import manifests, validation
@@ -23,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(agents_cli.app)
+app.add_typer(upgrade_cli.app)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -95,6 +98,50 @@ def crds(
     for filename, crd in generated.items():
         (out / filename).write_text(yaml.safe_dump(crd, sort_keys=False, width=100))
         err.print(f"wrote {out / filename}")
+
+
+@app.command("cleanup-nodes")
+def cleanup_nodes(
+    kubeconfig: str | None = typer.Option(
+        None, "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: in-cluster)."
+    ),
+    namespace: str | None = typer.Option(
+        None,
+        "--namespace",
+        envvar="OPERATOR_NAMESPACE",
+        help="Namespace of the operator, whose pods must be gone first.",
+    ),
+    wait: float = typer.Option(
+        120.0, "--wait", min=0.0, help="Seconds to wait for the operator's pods to go."
+    ),
+) -> None:
+    """Remove the node labels and annotations the operator and GFD set (the uninstall hook)."""
+    # Imported here so that the other commands never load the client stack.
+    from gpu_operator.kube import client as kube_client
+    from gpu_operator.kube import node_cleanup
+
+    async def run() -> list[str]:
+        client = kube_client.connect(kubeconfig)
+        try:
+            if namespace:
+                await node_cleanup.wait_for_pods_gone(
+                    client, namespace, node_cleanup.OPERATOR_SELECTOR, timeout=wait
+                )
+            return await node_cleanup.cleanup(client)
+        finally:
+            await client.close()
+
+    try:
+        changed = asyncio.run(run())
+    except kube_client.ConnectError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    except Exception as exc:  # an API refusal (RBAC, connection): say what failed, exit 1
+        err.print(f"error: cleaning up nodes: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    for name in changed:
+        typer.echo(f"node/{name} cleaned")
+    typer.echo(f"{len(changed)} node(s) cleaned")
 
 
 @app.command()
@@ -248,12 +295,17 @@ def render_command(
     raise typer.Exit(1 if rendered.failed else 0)
 
 
+class InstallMode(StrEnum):
+    helm = "helm"
+    in_process = "in-process"
+
+
 @app.command("demo")
 def demo_command(
     fleet: str | None = typer.Option(
         None,
         "--fleet",
-        help="A named fleet (default, small, hopper, inference, mig) or a fleet YAML file.",
+        help="A named fleet (default, small, hopper, inference, mig, kubevirt) or a fleet file.",
     ),
     nodes: int | None = typer.Option(
         None, "--nodes", min=1, help="Scale the fleet's pools to about this many nodes."
@@ -276,8 +328,20 @@ def demo_command(
     live: bool | None = typer.Option(
         None, "--live/--no-live", help="Live table (default: only on a terminal)."
     ),
+    install: InstallMode | None = typer.Option(
+        None,
+        "--install",
+        help="helm: `helm install --wait` of the chart, everything it deploys running (the "
+        "default); in-process: the operator in this process (the default with --policy).",
+    ),
+    values: list[Path] = typer.Option(
+        [], "--values", "-f", help="Values file for `helm install` (repeatable; --install helm)."
+    ),
+    chart: Path | None = typer.Option(
+        None, "--chart", help="The chart to install (default: charts/gpu-operator of the checkout)."
+    ),
 ) -> None:
-    """Run the operator on an in-process simulated cluster with mock GPUs and show it converge."""
+    """Run the operator on a simulated cluster with mock GPUs and show it converge."""
     # Imported here: the demo loads the simulated cluster, which no other command needs.
     from gpu_operator.demo import fleet as fleet_mod
     from gpu_operator.demo import programs, session
@@ -290,6 +354,7 @@ def demo_command(
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
     body = session.DEFAULT_POLICY
+    extra: list[dict[str, Any]] = []
     if policy is not None:
         try:
             documents = manifests.read(policy)
@@ -306,16 +371,42 @@ def demo_command(
                 err.print(f"{policy}: {result.ref}: {problem}", markup=False)
             raise typer.Exit(1)
         body = found[0]
+        # The ConfigMaps the policy names (device-plugin configs, MIG configs) come along.
+        extra = [d for d in documents if d.get("kind") == "ConfigMap"]
+    mode = install or (InstallMode.in_process if policy is not None else InstallMode.helm)
+    if mode is InstallMode.helm and policy is not None:
+        err.print("error: --policy needs --install in-process; with helm, pass --values FILE")
+        raise typer.Exit(2)
+    if mode is InstallMode.in_process and (values or chart is not None):
+        err.print("error: --values and --chart need --install helm")
+        raise typer.Exit(2)
+    for path in values:
+        if not path.is_file():
+            err.print(f"error: --values {path}: no such file", markup=False)
+            raise typer.Exit(2)
     console = Console(highlight=False, soft_wrap=True)
     options = session.Options(
         fleet=chosen,
+        install=mode.value,
+        values=list(values),
+        chart=chart,
         policy=body,
+        objects=extra,
         serve=serve,
         kubeconfig_out=kubeconfig_out,
         timing=programs.Timing(scale=time_scale),
         timeout=timeout,
         live=live,
     )
+    if mode is InstallMode.helm:
+        from gpu_operator.demo import install as install_mod
+
+        try:
+            install_mod.find_helm()
+            options.chart = chart or install_mod.find_chart()
+        except (install_mod.HelmNotFound, FileNotFoundError) as exc:
+            err.print(f"error: {exc} (or use --install in-process)", markup=False)
+            raise typer.Exit(2) from None
     outcome = asyncio.run(session.run(options, console))
     raise typer.Exit(0 if outcome.converged else 1)
 

@@ -11,6 +11,7 @@ from kubesim.controllers.kubelet import (
 )
 from kubesim.errors import ApiError
 from kubesim.faults import FaultRule, Faults
+from kubesim.programs import ContainerView, ProgramRun
 from kubesim.runner_logs import ContainerLogHandler
 from kubesim.stats import Stats
 from kubesim.store import Store
@@ -19,6 +20,7 @@ __all__ = [
     "ApiError",
     "Cluster",
     "ContainerLogHandler",
+    "ContainerView",
     "FaultRule",
     "Faults",
     "KubeletConfig",
@@ -26,6 +28,7 @@ __all__ = [
     "PodRunner",
     "PodRunnerFunction",
     "PodRunnerObject",
+    "ProgramRun",
     "RunnerRegistration",
     "Stats",
     "Store",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 import time
@@ -34,7 +35,9 @@ from kubesim.controllers.scheduler import Scheduler
 from kubesim.controllers.statefulset import StatefulSetController
 from kubesim.controllers.ttl_after_finished import TTLAfterFinishedController
 from kubesim.controllers.volumes import NodeFilesystems
+from kubesim.devicemanager import DeviceManager
 from kubesim.faults import Faults
+from kubesim.programs import Predicate, Program
 from kubesim.server import ApiServer
 from kubesim.stats import Stats
 from kubesim.store import Store
@@ -58,6 +61,17 @@ ALL_CONTROLLERS = (
     "endpointslice",
 )
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+def short_temp_dir() -> str:
+    """Where the default work_dir goes: the system's temporary directory, or `/tmp` when that
+    path is long (macOS), because node sockets such as
+    `<work_dir>/nodes/<node>/var/lib/kubelet/device-plugins/kubelet.sock` must fit AF_UNIX's
+    107 bytes."""
+    default = tempfile.gettempdir()
+    if len(default) > 16 and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    return default
 
 
 def kubeconfig(
@@ -182,11 +196,11 @@ class Cluster:
         if self._requested_kubeconfig is not None:
             self.kubeconfig_path = self._requested_kubeconfig
         else:
-            self._tempdir = tempfile.mkdtemp(prefix="kubesim-")
+            self._tempdir = tempfile.mkdtemp(prefix="kubesim-", dir=short_temp_dir())
             self.kubeconfig_path = Path(self._tempdir) / "kubeconfig"
         self.kubeconfig_path.parent.mkdir(parents=True, exist_ok=True)
         if self._requested_work_dir is None and self._tempdir is None:
-            self._tempdir = tempfile.mkdtemp(prefix="kubesim-")
+            self._tempdir = tempfile.mkdtemp(prefix="kubesim-", dir=short_temp_dir())
         work_dir = self._requested_work_dir or Path(self._tempdir or ".")
         if self.node_filesystems:
             self.kubelet.filesystems = NodeFilesystems(
@@ -241,6 +255,8 @@ class Cluster:
         for controller in reversed(list(self.controllers.values())):
             await controller.stop()
         self.controllers.clear()
+        # Managers started by hand also run without the kubelet controller.
+        await self.kubelet.devices.stop_all()
         self.store.close_watches()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -287,6 +303,27 @@ class Cluster:
         """The node's root directory (its `/`): hostPath volumes of its pods live here."""
         return self.kubelet.node_root(name)
 
+    async def start_device_manager(self, node: str) -> DeviceManager:
+        """Start a node's device manager now: `kubelet.sock` in its
+        `/var/lib/kubelet/device-plugins/` and the pod-resources socket. It also starts by itself
+        when a pod with a runner starts on the node. Needs node filesystems."""
+        if self.store.peek(("", "nodes"), "", node) is None:
+            raise errors.not_found("nodes", "", node)
+        return await self.kubelet.devices.ensure(node)
+
+    def device_manager(self, node: str) -> DeviceManager | None:
+        """A node's device manager, if started (devices, capacity, allocations)."""
+        return self.kubelet.devices.get(node)
+
+    async def restart_kubelet(self, node: str) -> None:
+        """Restart a node's kubelet: its pods keep running, its device manager stops and starts
+        again from the checkpoint (a new `kubelet.sock`, which plugins watch to register again),
+        and the node records `Starting`."""
+        if self.store.peek(("", "nodes"), "", node) is None:
+            raise errors.not_found("nodes", "", node)
+        await self.kubelet.devices.restart(node)
+        self.kubelet.node_event(node, "Starting", "Starting kubelet.")
+
     def register_pod_runner(
         self,
         runner: PodRunner,
@@ -305,6 +342,14 @@ class Cluster:
         )
         self.kubelet.register(registration)
         return registration
+
+    def register_program(
+        self, name: str, program: Program, *, available: Predicate | None = None
+    ) -> None:
+        """Install an executable called `name` in the containers for which `available` holds
+        (all when None): a container whose command names it runs it, and `kubectl exec` finds
+        it (see kubesim.programs)."""
+        self.kubelet.programs.register(name, program, available=available)
 
     # ----- waiting ----------------------------------------------------------------------------
 

@@ -119,7 +119,8 @@ def pod_status_text(obj: dict[str, Any]) -> str:
         if terminated.get("reason"):
             # kubectl shows a finished container's reason: `Completed` for a Succeeded pod.
             return str(terminated["reason"])
-    return str(status.get("phase") or "Pending")
+    # The pod's own reason (UnexpectedAdmissionError, Evicted) stands in for its phase.
+    return str(status.get("reason") or status.get("phase") or "Pending")
 
 
 def _restarts(obj: dict[str, Any]) -> str:

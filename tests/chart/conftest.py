@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-operator"
 HELM = ROOT / ".tools" / "bin" / "helm"
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
-STANDIN = Path(__file__).resolve().parent / "nfd-standin"
 NAMESPACE = "gpu-operator"
 
 needs_helm = pytest.mark.skipif(
@@ -46,8 +45,13 @@ class Rendered:
         return found[0]
 
 
-def helm(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+def helm(
+    *args: str, check: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **env} if env else None
+    proc = subprocess.run(
+        [str(HELM), *args], capture_output=True, text=True, timeout=60, env=full_env
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -55,14 +59,13 @@ def helm(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def packaged_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The chart as a release ships it, its NFD dependency in charts/ (here the stand-in, as
-    the real one cannot be fetched offline; helm renders none of it with nfd.enabled=false)."""
+    """The chart as a release ships it: `helm package` of the checkout (NFD included)."""
     if not HELM.exists():
         pytest.skip("helm not installed: run scripts/setup (scripts/install_tools.py)")
-    target = tmp_path_factory.mktemp("chart") / "gpu-operator"
-    shutil.copytree(CHART, target)
-    shutil.copytree(STANDIN, target / "charts" / "node-feature-discovery")
-    return target
+    target = tmp_path_factory.mktemp("chart")
+    helm("package", str(CHART), "-d", str(target), check=True)
+    (archive,) = target.glob("gpu-operator-*.tgz")
+    return archive
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_operator import api
 from gpu_operator.api.images import IMAGE_ENV
-from gpu_operator.operands import registry
+from gpu_operator.operands import nvidiadriver, registry
 from gpu_operator.operands.facts import ClusterFacts
 
 from .conftest import CHART, needs_helm
@@ -82,6 +82,13 @@ def all_operand_rbac() -> dict[str, set[str]]:
         for state in registry.render_all(policy, facts):
             for obj in state.objects:
                 names.setdefault(obj["kind"], set()).add(obj["metadata"]["name"])
+    # NVIDIADriver pools share one account per driver type.
+    drivers = [
+        nvidiadriver.DriverInput(t, t, api.NVIDIADriverSpec.model_validate({"driverType": t}))
+        for t in nvidiadriver.ACCOUNTS
+    ]
+    for obj in nvidiadriver.render_accounts(drivers, facts):
+        names.setdefault(obj["kind"], set()).add(obj["metadata"]["name"])
     return names
 
 
@@ -145,10 +152,28 @@ def test_crd_hooks(render: Any) -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["gpu-operator", "crds", "--apply"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert rendered.of_kind("Job") == [job]  # no cleanup hook unless asked for
-    cleanup = render([], ["operator.cleanupCRD=true", "operator.upgradeCRD=false"]).one("Job")
+    crd_jobs = [j for j in rendered.of_kind("Job") if j["metadata"]["name"].endswith("-crd")]
+    assert crd_jobs == [job]  # no CRD cleanup hook unless asked for
+    cleanup = render([], ["operator.cleanupCRD=true", "operator.upgradeCRD=false"]).one(
+        "Job", "gpu-operator-cleanup-crd"
+    )
     assert cleanup["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     assert cleanup["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "--delete"
+
+
+def test_node_cleanup_hook_runs_after_uninstall_with_only_node_patch_rights(render: Any) -> None:
+    rendered = render()
+    job = rendered.one("Job", "gpu-operator-cleanup-nodes")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["gpu-operator", "cleanup-nodes"]
+    assert container["env"][0]["name"] == "OPERATOR_NAMESPACE"
+    (nodes,) = rendered.one("ClusterRole", "gpu-operator-cleanup-nodes")["rules"]
+    assert (nodes["resources"], nodes["verbs"]) == (["nodes"], ["list", "patch"])
+    (pods,) = rendered.one("Role", "gpu-operator-cleanup-nodes")["rules"]
+    assert (pods["resources"], pods["verbs"]) == (["pods"], ["list"])
+    off = render([], ["operator.cleanupNodeLabels=false"])
+    assert not [j for j in off.of_kind("Job") if j["metadata"]["name"].endswith("-nodes")]
 
 
 def test_prometheus_rule_alerts(render: Any) -> None:

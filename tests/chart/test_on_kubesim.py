@@ -174,7 +174,9 @@ def rendered_release(packaged_chart: Path, values: Path) -> list[dict[str, Any]]
 @needs_helm
 async def test_operator_reconciles_the_installed_chart_to_ready(packaged_chart: Path) -> None:
     docs = rendered_release(packaged_chart, CHART / "ci" / "aks-rdma-values.yaml")
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-operator"
+    )
     env = {
         e["name"]: e["value"]
         for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -226,7 +228,9 @@ async def test_the_operator_never_hits_a_403_under_the_charts_rbac(
     packaged_chart: Path, values: str
 ) -> None:
     docs = rendered_release(packaged_chart, CHART / "ci" / values)
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-operator"
+    )
     env = {
         e["name"]: e["value"]
         for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]

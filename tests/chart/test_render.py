@@ -3,7 +3,7 @@ the ClusterPolicy valid for the operator and mapped from the values like NVIDIA'
 
 from __future__ import annotations
 
-import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +117,9 @@ def test_every_ci_values_file_has_a_setup() -> None:
 def test_helm_lint_passes_for_the_source_chart_and_every_setup() -> None:
     lint = helm("lint", str(CHART))
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    # The only warning: the NFD dependency is fetched at release time (see docs/helm.md).
+    # The NFD sub-chart ships in charts/, so nothing is missing from a source checkout.
     warnings = [line for line in lint.stdout.splitlines() if "[WARNING]" in line]
-    assert all("node-feature-discovery" in line for line in warnings), warnings
+    assert warnings == []
 
 
 def test_helm_lint_strict_passes_for_the_packaged_chart(packaged_chart: Path) -> None:
@@ -152,36 +152,102 @@ def test_everything_enabled_renders_valid_objects(render: Any) -> None:
 
 
 def test_aks_setup_renders_no_nfd_at_all(render: Any) -> None:
-    names = {o["metadata"]["name"] for o in render([CI / "aks-rdma-values.yaml"]).objects}
-    assert "nfd-standin-values" not in names
-    assert not any("node-feature-discovery" in n for n in names)
+    rendered = render([CI / "aks-rdma-values.yaml"], (), "--include-crds")
+    names = {o["metadata"]["name"] for o in rendered.objects}
+    assert not any("node-feature-discovery" in n or "nfd.k8s-sigs.io" in n for n in names)
 
 
-def test_nfd_enabled_passes_the_subchart_values_through(render: Any) -> None:
+def test_nfd_enabled_renders_nfd_with_the_subchart_values(render: Any) -> None:
     rendered = render(
         [], ["node-feature-discovery.worker.config.sources.pci.deviceLabelFields={vendor,device}"]
     )
-    values = json.loads(rendered.one("ConfigMap", "nfd-standin-values")["data"]["values.json"])
-    assert values["master"]["config"]["extraLabelNs"] == ["nvidia.com"]
-    assert values["worker"]["config"]["sources"]["pci"]["deviceLabelFields"] == ["vendor", "device"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values[
-        "worker"
-    ]["tolerations"]
+    worker_conf = rendered.one("ConfigMap", "gpu-operator-node-feature-discovery-worker-conf")
+    worker = yaml.safe_load(worker_conf["data"]["nfd-worker.conf"])
+    assert worker["sources"]["pci"]["deviceLabelFields"] == ["vendor", "device"]
+    assert worker["sources"]["pci"]["deviceClassWhitelist"] == [
+        "02",
+        "0200",
+        "0207",
+        "0300",
+        "0302",
+    ]
+    master_conf = rendered.one("ConfigMap", "gpu-operator-node-feature-discovery-master-conf")
+    assert yaml.safe_load(master_conf["data"]["nfd-master.conf"]) == {
+        "extraLabelNs": ["nvidia.com"]
+    }
+    daemonset = rendered.one("DaemonSet", "gpu-operator-node-feature-discovery-worker")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["containers"][0]["image"] == "registry.k8s.io/nfd/node-feature-discovery:v0.19.0"
+    assert pod["serviceAccountName"] == "node-feature-discovery"  # NVIDIA's shared account
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert all(m.get("readOnly") for m in mounts.values())
+    assert {"/host-sys", "/host-etc/os-release", "/host-boot"} <= set(mounts)
+    master = rendered.one("Deployment", "gpu-operator-node-feature-discovery-master")
+    container = master["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["nfd-master"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
-def test_chart_declares_the_nfd_dependency_behind_its_condition() -> None:
+def test_nfd_prune_hook_runs_after_uninstall_with_its_own_rbac(render: Any) -> None:
+    hooks = [
+        o
+        for o in render().objects
+        if (o["metadata"].get("annotations") or {}).get("helm.sh/hook") == "post-delete"
+    ]
+    prune = next(o for o in hooks if o["kind"] == "Job" and o["metadata"]["name"].endswith("prune"))
+    assert prune["spec"]["template"]["spec"]["containers"][0]["args"] == ["-prune"]
+    role = next(o for o in hooks if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith(
+        "prune"))  # fmt: skip
+    assert role["rules"][0]["resources"] == ["nodes", "nodes/status"]
+
+
+def test_unsupported_nfd_parts_fail_naming_the_key(render: Any) -> None:
+    rendered = render([], ["node-feature-discovery.topologyUpdater.enable=true"])
+    assert rendered.returncode != 0
+    assert "node-feature-discovery.topologyUpdater.enable: not supported" in rendered.stderr
+
+
+def test_chart_declares_the_bundled_nfd_dependency_behind_its_condition() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     (dep,) = chart["dependencies"]
     assert dep["name"] == "node-feature-discovery"
     assert dep["condition"] == "nfd.enabled"
-    assert dep["repository"].startswith("https://")
+    # No repository: helm takes the sub-chart from charts/, offline.
+    assert "repository" not in dep
+    bundled = yaml.safe_load(
+        (CHART / "charts" / "node-feature-discovery" / "Chart.yaml").read_text()
+    )
+    assert bundled["version"] == dep["version"]
 
 
-def test_helm_refuses_a_missing_dependency_even_when_its_condition_is_false() -> None:
-    # The fact behind the NFD choice in docs/helm.md: the condition does not help a source checkout.
-    proc = helm("template", "x", str(CHART), "--set", "nfd.enabled=false")
-    assert proc.returncode != 0
-    assert "missing in charts/ directory: node-feature-discovery" in proc.stderr
+@pytest.mark.parametrize("nfd", ["true", "false"])
+def test_source_checkout_renders_offline_with_nfd_on_or_off(nfd: str, tmp_path: Path) -> None:
+    # No repositories configured, no cache: any download would fail.
+    env = {
+        "HELM_REPOSITORY_CONFIG": str(tmp_path / "repositories.yaml"),
+        "HELM_REPOSITORY_CACHE": str(tmp_path / "cache"),
+        "HELM_REGISTRY_CONFIG": str(tmp_path / "registry.json"),
+    }
+    chart = tmp_path / "gpu-operator"
+    shutil.copytree(CHART, chart)  # `dependency build` writes Chart.lock: not into the checkout
+    build = helm("dependency", "build", str(chart), env=env)
+    assert build.returncode == 0, build.stderr
+    assert (chart / "charts" / "node-feature-discovery" / "Chart.yaml").is_file()
+    proc = helm("template", "x", str(chart), "--set", f"nfd.enabled={nfd}", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert ("node-feature-discovery-worker" in proc.stdout) == (nfd == "true")
+
+
+def test_packaged_chart_renders_what_the_checkout_renders(packaged_chart: Path) -> None:
+    for values in ([], ["-f", str(CI / "aks-rdma-values.yaml")]):
+        from_dir = helm("template", "x", str(CHART), "--include-crds", *values, check=True)
+        from_archive = helm(
+            "template", "x", str(packaged_chart), "--include-crds", *values, check=True
+        )
+        assert from_dir.stdout == from_archive.stdout
 
 
 def test_nvidiadriver_mode_renders_the_default_driver_without_images_in_the_policy(

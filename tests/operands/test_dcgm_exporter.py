@@ -8,6 +8,7 @@ import pytest
 from operand_helpers import ctr, env_of, find, make_facts, make_policy, mounts_of, pod, volumes_of
 
 from gpu_operator.operands import dcgm, dcgm_exporter
+from gpu_operator.operands.common import RenderError
 
 CTR = "nvidia-dcgm-exporter"
 
@@ -42,11 +43,84 @@ def test_default_metrics_csv_is_mounted() -> None:
 
 
 def test_custom_metrics_config_map_replaces_the_default() -> None:
-    objects = render(dcgmExporter={"config": {"name": "my-metrics"}})
+    facts = make_facts(config_map_keys={"my-metrics": ("dcgm-metrics.csv",)})
+    objects = render(facts, dcgmExporter={"config": {"name": "my-metrics"}})
     assert "ConfigMap" not in [k for k, _ in kinds(objects)]
     assert volumes_of(find(objects, "DaemonSet"))["metrics-config"]["configMap"] == {
-        "name": "my-metrics"
+        "name": "my-metrics",
+        "items": [{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}],
     }
+
+
+SEED_CSV = (
+    "# GPU utilization\n"
+    "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization\n"
+    "# Memory usage\n"
+    "DCGM_FI_DEV_FB_USED, gauge, GPU memory used\n"
+    "DCGM_FI_DEV_FB_FREE, gauge, GPU memory free\n"
+)
+
+
+def custom(keys: dict[str, str], name: str = "dcgm-exporter-config") -> Any:
+    return make_facts(config_map_keys={name: tuple(sorted(keys))}, config_map_data={name: keys})
+
+
+def test_a_valid_custom_counters_config_map_renders() -> None:
+    objects = render(
+        custom({"dcgm-metrics.csv": SEED_CSV}),
+        dcgmExporter={"config": {"name": "dcgm-exporter-config"}},
+    )
+    assert find(objects, "DaemonSet")
+
+
+def test_a_missing_custom_config_map_is_a_render_error() -> None:
+    with pytest.raises(RenderError) as caught:
+        render(dcgmExporter={"config": {"name": "nope"}})
+    assert str(caught.value) == (
+        "dcgmExporter.config.name: ConfigMap 'nope' in namespace 'gpu-operator' not found"
+    )
+
+
+def test_the_seed_documents_metrics_csv_key_is_refused_with_the_reason() -> None:
+    with pytest.raises(RenderError) as caught:
+        render(
+            custom({"metrics.csv": SEED_CSV}),
+            dcgmExporter={"config": {"name": "dcgm-exporter-config"}},
+        )
+    message = str(caught.value)
+    assert message.startswith(
+        "dcgmExporter.config.name: ConfigMap 'dcgm-exporter-config' in namespace 'gpu-operator' "
+        "has no key 'dcgm-metrics.csv' (its keys: metrics.csv)"
+    )
+    assert message.endswith("rename the key to dcgm-metrics.csv")
+
+
+def test_a_bad_csv_line_is_reported_with_config_map_key_and_line() -> None:
+    bad = SEED_CSV + "DCGM_FI_DEV_GPU_TEMPERATURE, gauge, temperature\n"
+    with pytest.raises(RenderError) as caught:
+        render(
+            custom({"dcgm-metrics.csv": bad}),
+            dcgmExporter={"config": {"name": "dcgm-exporter-config"}},
+        )
+    assert str(caught.value) == (
+        "dcgmExporter.config.name: ConfigMap 'dcgm-exporter-config' in namespace 'gpu-operator' "
+        "key 'dcgm-metrics.csv': line 6: unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE' "
+        "(did you mean DCGM_FI_DEV_GPU_TEMP?): "
+        "'DCGM_FI_DEV_GPU_TEMPERATURE, gauge, temperature'"
+    )
+
+
+def test_unknown_contents_skip_the_line_check() -> None:
+    # Offline rendering knows a ConfigMap's keys, not always its contents.
+    facts = make_facts(config_map_keys={"m": ("dcgm-metrics.csv",)})
+    assert find(render(facts, dcgmExporter={"config": {"name": "m"}}), "DaemonSet")
+
+
+def test_the_default_config_map_holds_the_exporters_own_default_counters() -> None:
+    from gpu_operator.agents.dcgm_exporter import counters
+
+    csv = find(render(), "ConfigMap")["data"]["dcgm-metrics.csv"]
+    assert csv == counters.default_text()
 
 
 @pytest.mark.parametrize(("dcgm_on", "expected"), [(True, "nvidia-dcgm:5555"), (False, None)])

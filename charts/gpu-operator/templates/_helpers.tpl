@@ -90,6 +90,7 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 - nvidia-dcgm-exporter-read-pods
 - nvidia-device-plugin
 - nvidia-driver
+- nvidia-gpu-driver
 - nvidia-gpu-feature-discovery
 - nvidia-kata-sandbox-device-plugin
 - nvidia-mig-manager
@@ -100,17 +101,22 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 - nvidia-sandbox-validator
 - nvidia-vfio-manager
 - nvidia-vgpu-device-manager
+- nvidia-vgpu-driver
 - nvidia-vgpu-manager
 {{- end -}}
 
 {{/* Namespaced Roles the operator renders for its operands. */}}
 {{- define "gpu-operator.operandRoles" -}}
 - nvidia-container-toolkit
+- nvidia-device-plugin
 - nvidia-driver
+- nvidia-gpu-driver
 - nvidia-gpu-feature-discovery
 - nvidia-mig-manager
+- nvidia-mps-control-daemon
 - nvidia-operator-validator
 - nvidia-vfio-manager
+- nvidia-vgpu-driver
 - nvidia-vgpu-manager
 {{- end -}}
 

@@ -7,6 +7,15 @@ from pathlib import Path
 
 import typer
 
+from gpu_operator.agents.dcgm_exporter import cli as _dcgm_exporter_cli
+from gpu_operator.agents.device_plugin import cli as _device_plugin_cli
+from gpu_operator.agents.mig_manager import cli as _mig_manager_cli
+from gpu_operator.agents.node_status_exporter import cli as _node_status_exporter_cli
+from gpu_operator.agents.sandbox_device_plugin import cli as _sandbox_device_plugin_cli
+from gpu_operator.agents.sandbox_validator import cli as _sandbox_validator_cli
+from gpu_operator.agents.vfio_manager import cli as _vfio_manager_cli
+from gpu_operator.agents.vgpu_device_manager import cli as _vgpu_device_manager_cli
+
 app = typer.Typer(
     name="agent",
     help="Run a node program (the operands' entry points).",
@@ -91,3 +100,73 @@ def gpu_feature_discovery(
         kubeconfig=kubeconfig,
     )
     raise typer.Exit(command.execute(opts))
+
+
+@app.command("config-manager")
+def config_manager(
+    node_name: str = typer.Option("", envvar="NODE_NAME", help="The node whose label is watched."),
+    node_label: str = typer.Option(
+        "nvidia.com/device-plugin.config", envvar="NODE_LABEL", help="The label naming the config."
+    ),
+    config_file_srcdir: str = typer.Option(
+        "", envvar="CONFIG_FILE_SRCDIR", help="Directory of the available configs (a ConfigMap)."
+    ),
+    config_file_dst: str = typer.Option(
+        "", envvar="CONFIG_FILE_DST", help="The symlink to point at the chosen config."
+    ),
+    default_config: str = typer.Option(
+        "", envvar="DEFAULT_CONFIG", help="The config to use when the label is not set."
+    ),
+    fallback_strategies: str = typer.Option(
+        "",
+        envvar="FALLBACK_STRATEGIES",
+        help="Without label or default: comma-separated named, single, empty (in order).",
+    ),
+    oneshot: bool = typer.Option(
+        False, "--oneshot/--no-oneshot", envvar="ONESHOT", help="Update once and exit."
+    ),
+    send_signal: bool = typer.Option(
+        True, "--send-signal/--no-send-signal", envvar="SEND_SIGNAL", help="Signal on a change."
+    ),
+    signal_number: int = typer.Option(1, "--signal", envvar="SIGNAL", help="Signal number."),
+    process_to_signal: str = typer.Option(
+        "nvidia-device-plugin", envvar="PROCESS_TO_SIGNAL", help="argv[0] of the process."
+    ),
+    recheck_interval: float = typer.Option(
+        5.0,
+        envvar="CONFIG_RECHECK_INTERVAL",
+        help="Seconds between re-checks of the mounted configs (0: only on label changes).",
+    ),
+    kubeconfig: str = typer.Option("", envvar="KUBECONFIG"),
+) -> None:
+    """Point the device-plugin config at the one the node label names (config manager)."""
+    from gpu_operator.agents.config_manager import command
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    opts = command.Options(
+        node_name=node_name,
+        node_label=node_label,
+        config_file_srcdir=config_file_srcdir,
+        config_file_dst=config_file_dst,
+        default_config=default_config,
+        fallback_strategies=fallback_strategies,
+        oneshot=oneshot,
+        send_signal=send_signal,
+        signal=signal_number,
+        process_to_signal=process_to_signal,
+        recheck_interval=recheck_interval,
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+    )
+    raise typer.Exit(command.execute(opts))
+
+
+# The device plugin and its MPS control daemon keep their many options in their own module.
+_device_plugin_cli.register(app)
+_mig_manager_cli.register(app)
+_dcgm_exporter_cli.register(app)
+_node_status_exporter_cli.register(app)
+# The VM-workload agents (KubeVirt): docs/vm-workloads.md.
+_vfio_manager_cli.register(app)
+_vgpu_device_manager_cli.register(app)
+_sandbox_device_plugin_cli.register(app)
+_sandbox_validator_cli.register(app)

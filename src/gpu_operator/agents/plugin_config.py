@@ -3,10 +3,15 @@
 Parsing keeps upstream's quirks where they change behaviour: `version` must be `v1` (empty means
 v1), resource renames other than `renameByDefault` and device selections other than `all` are
 reset with a warning, and MPS defaults `failRequestsGreaterThanOne` to true.
+
+Beyond upstream, a shortened form seen in widely copied guides is accepted as a documented
+shorthand (see `expand_shorthand`): `sharing.timeSlicing.replicas: N` (or `sharing.mps.replicas`)
+and a top-level `mig.strategy`. Each use is logged with the upstream spelling it stands for.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from enum import StrEnum
@@ -244,6 +249,74 @@ class PluginConfig(_Model):
         return self
 
 
+DEFAULT_SHARED_RESOURCE = RESOURCE_PREFIX + "gpu"
+
+
+def expand_shorthand(data: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """The upstream form of a document that uses the shorthand; anything else is returned as is.
+
+    `sharing.<timeSlicing|mps>.replicas: N` stands for one resource `nvidia.com/gpu` with N
+    replicas (MIG resources are not replicated by it), and a top-level `mig.strategy` for
+    `flags.migStrategy`. Mixing a shorthand with the long form it replaces is an error, so a
+    value is never silently dropped.
+    """
+    sharing = data.get("sharing")
+    mig = data.get("mig")
+    uses_replicas = isinstance(sharing, dict) and any(
+        isinstance(sharing.get(k), dict) and "replicas" in sharing[k]
+        for k in ("timeSlicing", "mps")
+    )
+    if not uses_replicas and mig is None:
+        return data
+    expanded = copy.deepcopy(data)
+    used: list[str] = []
+    for key in ("timeSlicing", "mps"):
+        section = (expanded.get("sharing") or {}).get(key)
+        if not isinstance(section, dict) or "replicas" not in section:
+            continue
+        if "resources" in section:
+            raise ConfigError(
+                f"{source}: sharing.{key}: give either the shorthand `replicas` or `resources`, "
+                f"not both (upstream form: sharing.{key}.resources: [{{name: nvidia.com/gpu, "
+                "replicas: N}])"
+            )
+        replicas = section.pop("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+            raise ConfigError(
+                f"{source}: sharing.{key}.replicas: expected an integer of at least 2, "
+                f"got {replicas!r}"
+            )
+        section["resources"] = [{"name": DEFAULT_SHARED_RESOURCE, "replicas": replicas}]
+        used.append(
+            f"sharing.{key}.replicas: {replicas} means sharing.{key}.resources: "
+            f"[{{name: {DEFAULT_SHARED_RESOURCE}, replicas: {replicas}}}]"
+        )
+    if mig is not None:
+        if not isinstance(mig, dict) or set(mig) != {"strategy"}:
+            raise ConfigError(
+                f"{source}: mig: the shorthand takes only `mig.strategy` (none, single or "
+                "mixed); upstream spells it flags.migStrategy"
+            )
+        flags = expanded.setdefault("flags", {})
+        if not isinstance(flags, dict):
+            raise ConfigError(f"{source}: flags: expected a mapping")
+        strategy = mig["strategy"]
+        if "migStrategy" in flags and flags["migStrategy"] != strategy:
+            raise ConfigError(
+                f"{source}: mig.strategy ({strategy!r}) contradicts flags.migStrategy "
+                f"({flags['migStrategy']!r}); keep only flags.migStrategy"
+            )
+        flags["migStrategy"] = strategy
+        del expanded["mig"]
+        used.append(f"mig.strategy: {strategy} means flags.migStrategy: {strategy}")
+    log.warning(
+        "%s uses the shorthand form, which NVIDIA's plugin does not read: %s",
+        source,
+        "; ".join(used),
+    )
+    return expanded
+
+
 def parse(data: Any, source: str = "config") -> PluginConfig:
     """Validate an already-decoded config document; ConfigError names the offending field."""
     if data is None:
@@ -252,6 +325,7 @@ def parse(data: Any, source: str = "config") -> PluginConfig:
         raise ConfigError(f"{source}: expected a mapping at the top level")
     if data.get("version") not in (None, "", "v1"):
         raise ConfigError(f"{source}: version: unknown version {data['version']!r} (expected v1)")
+    data = expand_shorthand(data, source)
     try:
         return PluginConfig.model_validate(data)
     except pydantic.ValidationError as err:

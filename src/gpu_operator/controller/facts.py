@@ -30,6 +30,7 @@ def from_nodes(
     has_prometheusrule_crd: bool,
     config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
     kubernetes_version: str = "1.35.0",
+    config_map_data: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ClusterFacts:
     """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels."""
     gpu_nodes = 0
@@ -70,4 +71,5 @@ def from_nodes(
         has_prometheusrule_crd=has_prometheusrule_crd,
         operator_env=dict(operator_env),
         config_map_keys=dict(config_map_keys or {}),
+        config_map_data=dict(config_map_data or {}),
     )

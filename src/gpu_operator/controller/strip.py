@@ -11,13 +11,15 @@ from typing import Any
 
 from gpu_operator.api import crds, keys
 from gpu_operator.nodes import labelling, ledger
-from gpu_operator.operands import readiness
+from gpu_operator.operands import dcgm_exporter, nvidiadriver, readiness
 
 # Node labels the planners read besides the `nvidia.com/` ones.
 _NODE_LABELS = frozenset({*keys.NFD_GPU_LABELS, keys.NFD_OS_ID, keys.NFD_OS_VERSION_ID,
                           keys.NFD_OS_VERSION_MAJOR, keys.NFD_OSTREE_VERSION, keys.NFD_KERNEL_FULL,
                           keys.NFD_MELLANOX})  # fmt: skip
 _NODE_ANNOTATIONS = frozenset({ledger.ANNOTATION, keys.UPGRADE_ENABLED})
+# ConfigMap keys whose contents the renderers read (not only their presence).
+_CHECKED_KEYS = (dcgm_exporter.METRICS_KEY,)
 
 
 def _interned(mapping: dict[str, str]) -> dict[str, str]:
@@ -44,21 +46,30 @@ def _meta(obj: dict[str, Any], *, annotations: bool | tuple[str, ...] = False) -
 def node(obj: dict[str, Any]) -> dict[str, Any]:
     """The labels and annotations the planners read, NFD presence, and runtime facts.
 
-    Other labels are dropped: a node with a hundred NFD labels would otherwise cost kilobytes.
+    `labels` holds the `nvidia.com/` labels and the NFD labels the planners read. NVIDIADriver
+    node selectors may name any label (a pool label, an instance type), so the other labels are
+    kept apart under `selectable` (the labelling planners never walk them); the many NFD feature
+    labels nobody reads are dropped: a node with a hundred of them would otherwise cost kilobytes.
     """
     meta = obj.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     info = (obj.get("status") or {}).get("nodeInfo") or {}
+    read: dict[str, str] = {}
+    other: dict[str, str] = {}
+    for key, value in labels.items():
+        if key.startswith(keys.PREFIX) or key in _NODE_LABELS:
+            read[key] = value
+        elif not key.startswith(keys.NFD_LABEL_PREFIX):
+            other[key] = value
     return {
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
-            "labels": _interned(
-                {k: v for k, v in labels.items() if k.startswith(keys.PREFIX) or k in _NODE_LABELS}
-            ),
+            "labels": _interned(read),
             "annotations": {k: v for k, v in annotations.items() if k in _NODE_ANNOTATIONS},
         },
+        "selectable": _interned(other),
         "nfd": labelling.has_nfd(labels),
         "status": {"nodeInfo": _interned({
             k: info[k] for k in ("containerRuntimeVersion", "kernelVersion") if k in info
@@ -73,6 +84,8 @@ def pod(obj: dict[str, Any]) -> readiness.PodSummary:
         node=sys.intern(summary.node),
         owner_uids=tuple(sys.intern(uid) for uid in summary.owner_uids),
         revision_hash=sys.intern(summary.revision_hash) if summary.revision_hash else None,
+        app=sys.intern(summary.app) if summary.app else None,
+        component=sys.intern(summary.component) if summary.component else None,
     )
 
 
@@ -85,7 +98,12 @@ def owned(obj: dict[str, Any]) -> dict[str, Any]:
         "metadata": _meta(obj, annotations=(keys.LAST_APPLIED_HASH,)),
     }
     if obj.get("kind") == "ConfigMap":
-        out["keys"] = sorted({*(obj.get("data") or {}), *(obj.get("binaryData") or {})})
+        data = obj.get("data") or {}
+        out["keys"] = sorted({*data, *(obj.get("binaryData") or {})})
+        # The exporter's counters CSV is checked line by line; it is a few kilobytes.
+        checked = {k: data[k] for k in _CHECKED_KEYS if isinstance(data.get(k), str)}
+        if checked:
+            out["data"] = checked
     if obj.get("kind") in ("DaemonSet", "Deployment"):
         spec = obj.get("spec") or {}
         out["spec"] = {k: spec[k] for k in ("updateStrategy", "selector", "replicas") if k in spec}
@@ -94,7 +112,15 @@ def owned(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def revision(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": _meta(obj), "revision": obj.get("revision")}
+    """A ControllerRevision's identity and number; for driver DaemonSets also the fingerprint of
+    the pod it describes (the NVIDIADriver hand-over compares them)."""
+    out = {"metadata": _meta(obj), "revision": obj.get("revision")}
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get("app.kubernetes.io/component") == nvidiadriver.COMPONENT:
+        template = ((obj.get("data") or {}).get("spec") or {}).get("template")
+        if isinstance(template, dict):
+            out["fingerprint"] = nvidiadriver.fingerprint(template)
+    return out
 
 
 def crd(obj: dict[str, Any]) -> dict[str, Any]:

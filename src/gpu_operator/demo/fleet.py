@@ -130,6 +130,20 @@ NAMED: dict[str, Fleet] = {
             {"name": "dgx-a100-80gb", "machine": "dgx-a100-80gb", "count": 1},
             {"name": "cpu", "count": 1},
         ),
+        # VM workloads (docs/vm-workloads.md): run with --policy examples/kubevirt-vgpu.yaml.
+        _fleet(
+            "kubevirt",
+            {
+                "name": "passthrough",
+                "machine": "dgx-a100",
+                "count": 1,
+                "workload": "vm-passthrough",
+            },
+            {"name": "vgpu-t4", "machine": "t4x4", "count": 1, "workload": "vm-vgpu"},
+            {"name": "vgpu-a30", "machine": "a30x4", "count": 1, "workload": "vm-vgpu"},
+            {"name": "containers", "machine": "t4x4", "count": 1, "workload": "container"},
+            {"name": "cpu", "count": 1},
+        ),
     )
 }
 
@@ -196,23 +210,20 @@ class NodePlan:
 
 
 def node_labels(pool: Pool) -> dict[str, str]:
-    """What NFD would label such a node with (PCI vendor, OS release, kernel) plus extras."""
-    labels = {
-        keys.NFD_OS_ID: pool.os,
-        keys.NFD_OS_VERSION_ID: pool.os_version,
-        keys.NFD_OS_VERSION_MAJOR: pool.os_version.split(".")[0],
-        keys.NFD_KERNEL_FULL: pool.kernel,
-        "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel",
-    }
-    if pool.machine is not None:
-        spec = machines.preset(pool.machine)
-        # Display-class GPUs would be pci-0300_10de; the presets are all 3D controllers.
-        labels[keys.NFD_GPU_LABELS[0]] = "true"
-        labels["feature.node.kubernetes.io/pci-0302_10de.present"] = "true"
-        if spec.has_nvswitch():
-            labels["feature.node.kubernetes.io/pci-0680_10de.present"] = "true"
+    """The labels a node is created with: its workload config and the pool's extras. The hardware
+    labels (`feature.node.kubernetes.io/...`) come from NFD, which reads the node's host files
+    (`gpu_operator.demo.hardware`)."""
+    labels: dict[str, str] = {}
     if pool.workload is not None:
         labels[keys.GPU_WORKLOAD_CONFIG] = pool.workload
+    if pool.machine is not None:
+        # A preset partitioned before the operator came is labelled with the config naming its
+        # layout; otherwise the operator's all-disabled default would undo it.
+        from gpu_operator.demo import mig  # deferred: it pulls in the MIG manager and kubesim
+
+        layout = mig.preset_mig_config(pool.machine)
+        if layout is not None:
+            labels[keys.MIG_CONFIG] = layout
     labels.update(pool.labels)
     return labels
 

@@ -1,5 +1,6 @@
-"""The node programs of the demo: the real GFD agent on each node's mock GPUs, and simulations
-of the operands whose agents do not exist yet (driver, toolkit, validator, device plugin, ...).
+"""The node programs of the demo: the real agents (GFD, device plugin, config manager, MPS
+control daemon, ...) on each node's mock GPUs, and simulations of the operands whose agents do not
+exist yet (driver, toolkit, validator, ...).
 
 Simulated operands wait for what they depend on, as the real validation init containers do
 (driver -> toolkit -> device plugin), and take a realistic, per-node jittered time to get ready.
@@ -8,29 +9,28 @@ Simulated operands wait for what they depend on, as the real validation init con
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import datetime as dt
 import hashlib
 import logging
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import kubesim
-from gpu_operator.agents import plugin_config as pc
-from gpu_operator.agents.gfd import command as gfd_command
-from gpu_operator.agents.gfd import facts as gfd_facts
-from gpu_operator.agents.gfd import labels as gfd_labels
-from gpu_operator.agents.gfd import runner as gfd_runner
 from gpu_operator.api import keys
-from gpu_operator.kube import node_features
+from gpu_operator.demo import agent_pods, exporters, gpu_faults, nvidia_smi, vm
+from gpu_operator.demo import mig as mig_demo
+from gpu_operator.demo.processes import ProcessTable
 from gpu_operator.nvml import mock
+from gpu_operator.operands import config_manager as cm_operand
 from kubesim import PodContext
-from kubesim import errors as sim_errors
 
 log = logging.getLogger("gpu_operator.demo")
 
 GFD_APP = "gpu-feature-discovery"
+PLUGIN_APP = "nvidia-device-plugin-daemonset"
+MPS_APP = "nvidia-device-plugin-mps-control-daemon"
+MPS_CONTAINERS = ("mps-control-daemon-mounts", "mps-control-daemon-ctr")
 DRIVER_APP_PREFIX = "nvidia-driver-daemonset"
+DRIVER_CTR = "nvidia-driver-ctr"
 # Seconds each simulated main container takes to get ready (before jitter and scaling).
 MAIN_DELAYS: dict[str, float] = {
     DRIVER_APP_PREFIX: 3.0,  # module build and load
@@ -59,7 +59,9 @@ MILESTONES: dict[str, str] = {
     "nvidia-device-plugin-daemonset": "device-plugin",
 }
 # Operands whose real agent runs in the demo; every other operand is simulated.
-REAL_AGENTS = frozenset({GFD_APP})
+REAL_AGENTS = frozenset(
+    {GFD_APP, mig_demo.APP, PLUGIN_APP, MPS_APP, *exporters.APPS, *vm.REAL_AGENTS}
+)
 
 
 @dataclass(frozen=True)
@@ -93,41 +95,6 @@ def app_of(ctx: PodContext) -> str:
     return DRIVER_APP_PREFIX if app.startswith(DRIVER_APP_PREFIX) else app
 
 
-def device_resources(facts: gfd_facts.NodeFacts, strategy: str) -> dict[str, int]:
-    """The extended resources a device plugin would advertise for these GPUs and MIG strategy."""
-    counts: Counter[str] = Counter()
-    for gpu in facts.gpus:
-        if gpu.mig_enabled and strategy == "single":
-            counts["nvidia.com/gpu"] += len(gpu.mig_devices)
-        elif gpu.mig_enabled and strategy == "mixed":
-            for mig in gpu.mig_devices:
-                counts[f"nvidia.com/mig-{mig.profile}"] += 1
-        else:
-            counts["nvidia.com/gpu"] += 1
-    return dict(counts)
-
-
-def _env_bool(value: str | None) -> bool | None:
-    if value is None:
-        return None
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-class _ReadyAfterFirstWrite:
-    """A GFD sink that marks the container ready once labels have been written."""
-
-    def __init__(self, inner: node_features.NodeLabelWriter, on_write: Callable[[], None]) -> None:
-        self.inner = inner
-        self.on_write = on_write
-
-    async def write(self, labels: gfd_labels.Labels) -> None:
-        await self.inner.write(labels)
-        self.on_write()
-
-    async def remove(self) -> None:
-        await self.inner.remove()
-
-
 class Programs:
     """Registers the demo's pod runners on a kubesim cluster and keeps per-node state."""
 
@@ -135,6 +102,8 @@ class Programs:
         self.sim = sim
         self.timing = timing
         self.nodes: dict[str, SimNode] = {}
+        # Simulated processes of operand pods, for the config manager's signals.
+        self.processes = ProcessTable()
 
     def add_node(self, name: str, machine: mock.MockMachine | None) -> None:
         self.nodes[name] = SimNode(name, machine)
@@ -148,6 +117,61 @@ class Programs:
         self.sim.register_pod_runner(
             self.operand, label_selector=keys.OPERATOR_STATE_LABEL, reports_readiness=True
         )
+        # What the NVIDIA container runtime puts into GPU containers (and the driver ships).
+        self.sim.register_program("nvidia-smi", self.nvidia_smi, available=self.has_nvidia_smi)
+        self.sim.register_program(
+            "demo-gpu-fault", self.gpu_fault, available=self._gpu_driver_container
+        )
+
+    @staticmethod
+    def _driver_container(view: kubesim.ContainerView) -> bool:
+        app = (view.pod["metadata"].get("labels") or {}).get("app", "")
+        return app.startswith(DRIVER_APP_PREFIX) and view.container_name == DRIVER_CTR
+
+    def has_nvidia_smi(self, view: kubesim.ContainerView) -> bool:
+        """GPU containers (the runtime injected devices) and the driver container have it."""
+        if self.node(view.node_name).machine is None:
+            return False
+        if self._driver_container(view):
+            return True
+        return nvidia_smi.has_nvidia_smi(view.env, view.allocation)
+
+    async def nvidia_smi(self, run: kubesim.ProgramRun) -> int:
+        """`nvidia-smi` on the node's mock GPUs, showing the container's devices only."""
+        machine = self.node(run.view.node_name).machine
+        if machine is None:
+            run.stdout.write(nvidia_smi.NO_DEVICES + "\n")
+            return nvidia_smi.EXIT_NOT_FOUND
+        reset = None
+        if self._driver_container(run.view):
+            visible: nvidia_smi.Visible | None = nvidia_smi.Visible(all=True)
+
+            def reset(index: int) -> str:
+                machine.reset(index)
+                return machine.gpus[index].bus_id
+
+        else:
+            visible = nvidia_smi.visible_devices(run.view.env, run.view.allocation)
+        code, text = nvidia_smi.run(
+            machine.nvml(),
+            visible or nvidia_smi.Visible(),
+            run.argv[1:],
+            dt.datetime.now(),
+            reset=reset,
+        )
+        run.stdout.write(text)
+        return code
+
+    def _gpu_driver_container(self, view: kubesim.ContainerView) -> bool:
+        return self._driver_container(view) and self.node(view.node_name).machine is not None
+
+    async def gpu_fault(self, run: kubesim.ProgramRun) -> int:
+        """The demo-only fault injector (see gpu_faults)."""
+        machine = self.node(run.view.node_name).machine
+        assert machine is not None  # present only where the node has mock GPUs
+        code, text = gpu_faults.run(machine, run.argv[1:])
+        (run.stdout if code == 0 else run.stderr).write(text)
+        return code
 
     async def _sleep(self, base: float, node: str, what: str) -> None:
         seconds = self.timing.delay(base, node, what)
@@ -157,6 +181,12 @@ class Programs:
     async def operand(self, ctx: PodContext) -> int | None:
         """One container of an operand pod: init containers wait or pass, main ones run."""
         node = self.node(ctx.node_name)
+        if ctx.container_name in (cm_operand.INIT, cm_operand.SIDECAR):
+            return await agent_pods.config_manager(ctx, self.processes)
+        if app_of(ctx) == MPS_APP and ctx.container_name in MPS_CONTAINERS:
+            return await agent_pods.mps_control_daemon(ctx, node.machine, self.processes)
+        if vm.handles(ctx):  # VM-workload operands and the driver manager (demo.vm)
+            return await vm.run(ctx)
         if ctx.init:
             needed = WAITS_FOR.get(ctx.container_name)
             if needed is not None:
@@ -168,16 +198,20 @@ class Programs:
             return 0
         app = app_of(ctx)
         if app == GFD_APP:
-            return await self._gfd(ctx, node)
+            return await agent_pods.gpu_feature_discovery(ctx, node.machine, self.processes)
+        if app == PLUGIN_APP:
+            return await self._device_plugin(ctx, node)
+        if app == mig_demo.APP:
+            return await mig_demo.run(ctx, node.machine)
+        if app in exporters.APPS:
+            return await exporters.run(app, ctx, node.machine)
         return await self._simulated(ctx, node, app)
 
     async def _simulated(self, ctx: PodContext, node: SimNode, app: str) -> int:
         await self._sleep(MAIN_DELAYS.get(app, DEFAULT_MAIN_DELAY), node.name, app)
-        if app == "nvidia-device-plugin-daemonset":
-            self._advertise(node, ctx.env.get("MIG_STRATEGY", "none"))
-        elif app == "nvidia-mig-manager":
-            self._mig_applied(node.name)
         milestone = MILESTONES.get(app)
+        if app == DRIVER_APP_PREFIX:
+            vm.driver_loaded(ctx)  # the GPUs bind to nvidia on the node's simulated PCI host
         if milestone is not None:
             node.milestone(milestone).set()
         ctx.set_ready(True)
@@ -186,78 +220,17 @@ class Programs:
         finally:
             if milestone is not None:
                 node.milestone(milestone).clear()
-            if app == "nvidia-device-plugin-daemonset":
-                self._withdraw(node.name)
+            if app == DRIVER_APP_PREFIX:
+                vm.driver_stopped(ctx)
         return 0
 
-    def _advertise(self, node: SimNode, strategy: str) -> None:
-        # The kubelet (not the plugin) writes capacity once a plugin registers; the demo plays
-        # the kubelet, so it writes the node status in-process.
-        if node.machine is None:
-            return
-        lib = node.machine.nvml()
-        lib.init()
+    async def _device_plugin(self, ctx: PodContext, node: SimNode) -> int:
+        """The real device plugin; the node's plugin milestone (what the validator's
+        plugin-validation waits for) holds while it serves."""
+        milestone = node.milestone(MILESTONES[PLUGIN_APP])
         try:
-            facts = gfd_facts.collect(lib, machine_type=node.machine.spec.product_name)
-        finally:
-            lib.shutdown()
-        resources = {k: str(v) for k, v in device_resources(facts, strategy).items()}
-        self._patch_capacity(node.name, resources)
-
-    def _withdraw(self, name: str) -> None:
-        current = self.sim.store.get("nodes", name)
-        if current is None:
-            return
-        capacity = (current.get("status") or {}).get("capacity") or {}
-        gone: dict[str, str | None] = {k: None for k in capacity if k.startswith("nvidia.com/")}
-        if gone:
-            self._patch_capacity(name, gone)
-
-    def _patch_capacity(self, name: str, resources: dict[str, str] | dict[str, str | None]) -> None:
-        patch = {"status": {"capacity": resources, "allocatable": resources}}
-        with contextlib.suppress(sim_errors.ApiError):  # the node may be gone meanwhile
-            self.sim.store.patch("nodes", name, patch, status=True)
-
-    def _mig_applied(self, name: str) -> None:
-        current = self.sim.store.get("nodes", name)
-        labels = ((current or {}).get("metadata") or {}).get("labels") or {}
-        if keys.MIG_CONFIG in labels and labels.get(keys.MIG_CONFIG_STATE) != "success":
-            with contextlib.suppress(sim_errors.ApiError):
-                self.sim.store.patch(
-                    "nodes", name, {"metadata": {"labels": {keys.MIG_CONFIG_STATE: "success"}}}
-                )
-
-    async def _gfd(self, ctx: PodContext, node: SimNode) -> int:
-        """The real GFD agent, writing node labels over the API with this node's mock GPUs."""
-        if node.machine is None:
-            log.warning("GFD pod on %s, which has no mock GPUs", node.name)
-            await ctx.stopping.wait()
-            return 0
-        env = ctx.env
-        options = gfd_command.Options(
-            backend="mock",
-            mig_strategy=env.get("GFD_MIG_STRATEGY") or env.get("MIG_STRATEGY"),
-            sleep_interval=env.get("GFD_SLEEP_INTERVAL"),
-            oneshot=_env_bool(env.get("GFD_ONESHOT")),
-            no_timestamp=_env_bool(env.get("GFD_NO_TIMESTAMP")),
-            fail_on_init_error=_env_bool(env.get("GFD_FAIL_ON_INIT_ERROR")),
-            node_labels=True,
-            node_name=ctx.node_name,
-        )
-        try:
-            settings = gfd_command.build_settings(options)
-        except pc.ConfigError as err:
-            log.warning("GFD on %s: %s", node.name, err)
-            return 2
-        settings.machine_type = node.machine.spec.product_name or "unknown"
-        api = node_features.client(ctx.kubeconfig_path)
-        sink = _ReadyAfterFirstWrite(
-            node_features.NodeLabelWriter(api, ctx.node_name), lambda: ctx.set_ready(True)
-        )
-        try:
-            await gfd_runner.run(
-                node.machine.nvml, sink, settings, stop=ctx.stopping, install_signals=False
+            return await agent_pods.device_plugin(
+                ctx, node.machine, self.processes, on_serving=milestone.set
             )
         finally:
-            await api.close()
-        return 0
+            milestone.clear()

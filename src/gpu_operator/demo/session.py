@@ -21,11 +21,12 @@ from gpu_operator import render
 from gpu_operator.api import crds
 from gpu_operator.controller.operator import Operator, Settings
 from gpu_operator.demo import fleet as fleet_mod
-from gpu_operator.demo import programs, view
+from gpu_operator.demo import hardware, nfd, programs, view
 from gpu_operator.kube import client as kube_client
 from gpu_operator.kube import node_features
 from gpu_operator.nvml import mock
 from kubesim import KubeletConfig
+from kubesim import errors as sim_errors
 
 NAMESPACE = "gpu-operator"
 POLICY_NAME = "cluster-policy"
@@ -66,8 +67,19 @@ class Options:
 
     fleet: fleet_mod.Fleet
     policy: dict[str, Any] = field(default_factory=lambda: DEFAULT_POLICY)
+    # Objects to create before the policy (e.g. the ConfigMaps a policy file names).
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    # Called once the cluster serves (with --serve), with the cluster and the node programs
+    # (tests use it to reach the mock GPUs).
+    on_serving: Callable[[kubesim.Cluster, programs.Programs], None] | None = None
     serve: bool = False
     kubeconfig_out: Path | None = None
+    # How the operator gets onto the cluster: "in-process" (the operator runs in this process
+    # against kubesim) or "helm" (real `helm install --wait` of the chart; see demo/helm_session).
+    install: str = "in-process"
+    # With install="helm": values files for `helm install -f`, and the chart (default: checkout).
+    values: list[Path] = field(default_factory=list)
+    chart: Path | None = None
     timing: programs.Timing = field(default_factory=programs.Timing)
     timeout: float = 120.0
     live: bool | None = None  # None: live table only on a terminal
@@ -104,11 +116,18 @@ class Demo:
     def snapshot(self, sim: kubesim.Cluster) -> view.Snapshot:
         return view.snapshot(sim.store, NAMESPACE, POLICY_NAME, self.elapsed(), self.gpu_nodes)
 
-    def populate(self, sim: kubesim.Cluster, nodes: programs.Programs) -> None:
-        """Namespace, CRDs and the fleet's nodes (with their mock machines)."""
-        sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        for crd in crds.all_crds().values():
-            sim.store.create(crd)
+    def populate(
+        self, sim: kubesim.Cluster, nodes: programs.Programs, *, install: bool = True
+    ) -> None:
+        """The fleet's nodes (with their mock machines and host files); with `install` also the
+        namespace and CRDs, and NFD's labels (the chart installs those otherwise)."""
+        if install:
+            sim.store.create(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+            )
+            for crd in crds.all_crds().values():
+                sim.store.create(crd)
+        roots = {}
         for plan in fleet_mod.plan_nodes(self.options.fleet):
             machine = None
             if plan.machine is not None:
@@ -119,6 +138,15 @@ class Demo:
                 plan.name, labels=plan.labels, capacity=dict(NODE_CAPACITY),
                 node_info=plan.node_info,
             )  # fmt: skip
+            roots[plan.name] = sim.node_root(plan.name)
+            hardware.write(roots[plan.name], plan.pool, machine)
+        if install:
+            # No NFD pods in-process: NFD's worker and master logic label the nodes directly.
+            nfd.label_directly(
+                roots,
+                lambda name, patch: sim.store.patch("nodes", name, patch),
+                lambda name: _labels_and_annotations(sim, name),
+            )
 
     async def watch(
         self, sim: kubesim.Cluster, stop: asyncio.Event, until: Callable[[view.Snapshot], bool]
@@ -154,6 +182,13 @@ class Demo:
             snap = self.snapshot(sim)
 
 
+def _labels_and_annotations(
+    sim: kubesim.Cluster, name: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    meta = (sim.store.get("nodes", name) or {}).get("metadata") or {}
+    return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+
+
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
@@ -171,6 +206,13 @@ def _quiet_logs() -> None:
         handler = kubesim.ContainerLogHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         agents.addHandler(handler)
+
+
+def with_namespace(obj: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced object from a policy file, in the operator's namespace unless it says."""
+    meta = dict(obj.get("metadata") or {})
+    meta.setdefault("namespace", NAMESPACE)
+    return {**obj, "metadata": meta}
 
 
 def _kubectl_help(path: Path) -> list[str]:
@@ -194,13 +236,30 @@ def observe(sim: kubesim.Cluster, converged: bool, kubeconfig: Path | None) -> R
         name = node["metadata"]["name"]
         result.node_labels[name] = dict(node["metadata"].get("labels") or {})
         result.node_allocatable[name] = dict((node.get("status") or {}).get("allocatable") or {})
-    policy = sim.store.get("clusterpolicies.nvidia.com", POLICY_NAME) or {}
+    try:
+        policy = sim.store.get("clusterpolicies.nvidia.com", POLICY_NAME) or {}
+    except sim_errors.ApiError:  # no CRD: the chart never got installed
+        policy = {}
     result.policy_status = dict(policy.get("status") or {})
     return result
 
 
+def kubelet_config(options: Options) -> KubeletConfig:
+    """The simulated kubelets of the demo (delays scaled with the operands' timing)."""
+    return KubeletConfig(
+        start_delay=0.05 * options.timing.scale,
+        init_container_duration=0.05 * options.timing.scale,
+        kernel_version="6.8.0-52-generic",
+        os_image="Ubuntu 22.04.5 LTS",
+    )
+
+
 async def run(options: Options, console: Console) -> Result:
     """Run the demo; returns whether every GPU node converged before the timeout."""
+    if options.install == "helm":
+        from gpu_operator.demo import helm_session
+
+        return await helm_session.run(options, console)
     _quiet_logs()
     demo = Demo(options, console)
     kubeconfig = options.kubeconfig_out
@@ -213,12 +272,7 @@ async def run(options: Options, console: Console) -> Result:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
-    kubelet = KubeletConfig(
-        start_delay=0.05 * options.timing.scale,
-        init_container_duration=0.05 * options.timing.scale,
-        kernel_version="6.8.0-52-generic",
-        os_image="Ubuntu 22.04.5 LTS",
-    )
+    kubelet = kubelet_config(options)
     fleet = options.fleet
     console.print(
         f"gpu-operator demo: fleet [bold]{fleet.name}[/] with {fleet.node_count} nodes on an"
@@ -243,6 +297,8 @@ async def run(options: Options, console: Console) -> Result:
             task = asyncio.create_task(operator.run())
             try:
                 await asyncio.wait_for(operator.ready.wait(), 30)
+                for obj in options.objects:
+                    sim.store.create(with_namespace(obj))
                 sim.store.create(dict(options.policy))
                 demo.policy_created = time.monotonic()
                 deadline = time.monotonic() + options.timeout
@@ -267,6 +323,8 @@ async def run(options: Options, console: Console) -> Result:
                 if options.serve and not stop.is_set():
                     for line in _kubectl_help(sim.kubeconfig_path):
                         console.print(line, markup=False, highlight=False)
+                    if options.on_serving is not None:
+                        options.on_serving(sim, nodes)
                     await demo.watch(sim, stop, lambda _snap: task.done())
                     console.print("stopping ...", highlight=False)
                 result.summary = summary

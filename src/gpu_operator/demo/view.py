@@ -14,6 +14,7 @@ from rich.text import Text
 
 from gpu_operator.api import keys
 from gpu_operator.demo import programs
+from kubesim.errors import ApiError
 from kubesim.store import Store
 
 # Short column titles per DaemonSet (app label); unknown ones are shortened generically.
@@ -31,9 +32,15 @@ SHORT_NAMES: dict[str, str] = {
 }
 
 
+# The NFD sub-chart's worker DaemonSet is `<release>-node-feature-discovery-worker`.
+NFD_WORKER_SUFFIX = "node-feature-discovery-worker"
+
+
 def short_name(app: str) -> str:
     if app.startswith(programs.DRIVER_APP_PREFIX):
         return "driver"
+    if app.endswith(NFD_WORKER_SUFFIX):
+        return "nfd"
     return SHORT_NAMES.get(app) or app.removeprefix("nvidia-").removesuffix("-daemonset")
 
 
@@ -56,6 +63,11 @@ class NodeRow:
     gpu_count: int
     allocatable: str
     cells: dict[str, Cell] = field(default_factory=dict)
+    # What this node's workload config deploys: GFD labels it, and the container device plugin
+    # advertises its GPUs, only on container nodes (VM nodes have the sandbox operands).
+    needs_gfd: bool = True
+    needs_allocatable: bool = True
+    workload: str = keys.WORKLOAD_CONTAINER
 
     @property
     def ready(self) -> bool:
@@ -81,7 +93,11 @@ class Snapshot:
 
     @property
     def labelled(self) -> int:
-        return sum(1 for r in self.gpu_rows if r.product)
+        return sum(1 for r in self.gpu_rows if r.product and r.needs_gfd)
+
+    @property
+    def gfd_rows(self) -> list[NodeRow]:
+        return [r for r in self.gpu_rows if r.needs_gfd]
 
     @property
     def converged(self) -> bool:
@@ -90,7 +106,10 @@ class Snapshot:
             self.policy_state == "ready"
             and self.daemonsets_done
             and self.pods_ready == self.pods_total
-            and all(r.product and r.allocatable != "-" for r in self.gpu_rows)
+            and all(
+                (r.product or not r.needs_gfd) and (r.allocatable != "-" or not r.needs_allocatable)
+                for r in self.gpu_rows
+            )
         )
 
 
@@ -131,11 +150,13 @@ def snapshot(
         name = short_name(ds["metadata"]["name"])
         if name not in columns:
             columns.append(name)
+    # Pods by node and owning DaemonSet (NFD's pods have no `app` label; the owner is exact).
     pods: dict[tuple[str, str], dict[str, Any]] = {}
     for pod in store.list("pods", namespace=namespace):
-        app = (pod["metadata"].get("labels") or {}).get("app", "")
         node = (pod.get("spec") or {}).get("nodeName", "")
-        pods[(node, short_name(app))] = pod
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == "DaemonSet":
+                pods[(node, str(ref.get("uid")))] = pod
     rows = []
     ready = total = 0
     for node in sorted(store.list("nodes"), key=lambda n: n["metadata"]["name"]):
@@ -152,10 +173,13 @@ def snapshot(
             product=labels.get(keys.GPU_PRODUCT, ""),
             gpu_count=int(labels.get("nvidia.com/gpu.count", "0") or 0),
             allocatable=allocatable or "-",
+            needs_gfd=_deploys(labels, "gpu-feature-discovery"),
+            needs_allocatable=_deploys(labels, "device-plugin"),
+            workload=_workload(labels),
         )
         for ds in daemonsets:
             column = short_name(ds["metadata"]["name"])
-            found = pods.get((name, column))
+            found = pods.get((name, str(ds["metadata"].get("uid"))))
             if found is not None:
                 cell = _pod_cell(found)
                 total += 1
@@ -169,7 +193,10 @@ def snapshot(
                 cell = NOT_HERE
             row.cells[column] = cell
         rows.append(row)
-    policy = store.get("clusterpolicies.nvidia.com", policy_name) or {}
+    try:
+        policy = store.get("clusterpolicies.nvidia.com", policy_name) or {}
+    except ApiError:  # the CRD is not installed yet (helm installs it)
+        policy = {}
     status = policy.get("status") or {}
     message = ""
     for condition in status.get("conditions") or []:
@@ -201,13 +228,35 @@ def _column_order(ds_name: str) -> tuple[int, str]:
 
 
 def _is_simulated(column: str) -> bool:
-    real = {short_name(app) for app in programs.REAL_AGENTS}
+    real = {short_name(app) for app in programs.REAL_AGENTS} | {"nfd"}
     return column not in real
+
+
+def _deploys(labels: Mapping[str, str], operand: str) -> bool:
+    """Whether the operator deploys an operand to the node (before it labelled the node at
+    all, the container stack is assumed)."""
+    if not any(k.startswith(keys.DEPLOY_PREFIX) for k in labels):
+        return True
+    return labels.get(keys.DEPLOY_PREFIX + operand) == "true"
+
+
+def _workload(labels: Mapping[str, str]) -> str:
+    """The node's workload config as its deploy labels show it."""
+    for operand, workload in (
+        ("vfio-manager", keys.WORKLOAD_VM_PASSTHROUGH),
+        ("vgpu-device-manager", keys.WORKLOAD_VM_VGPU),
+        ("vgpu-manager", keys.WORKLOAD_VM_VGPU),
+    ):
+        if keys.DEPLOY_PREFIX + operand in labels:
+            return workload
+    return labels.get(keys.GPU_WORKLOAD_CONFIG) or keys.WORKLOAD_CONTAINER
 
 
 def _gpus(row: NodeRow) -> str:
     if not row.gpu_node:
         return "-"
+    if not row.product and row.workload != keys.WORKLOAD_CONTAINER:
+        return f"({row.workload})"  # no GFD on VM nodes
     if not row.product:
         return "?"
     return f"{row.gpu_count} x {row.product.removeprefix('NVIDIA-')}"
@@ -235,7 +284,7 @@ def table(snap: Snapshot, title: str) -> RenderableType:
         ("ClusterPolicy: ", "bold"),
         (snap.policy_state, state_style),
         f"   operand pods ready {snap.pods_ready}/{snap.pods_total}",
-        f"   GPU nodes labelled by GFD {snap.labelled}/{len(snap.gpu_rows)}",
+        f"   GPU nodes labelled by GFD {snap.labelled}/{len(snap.gfd_rows)}",
         f"   {snap.elapsed:5.1f}s",
     )
     parts: list[RenderableType] = [grid, footer]
@@ -247,7 +296,7 @@ def table(snap: Snapshot, title: str) -> RenderableType:
 
 SIMULATED_NOTE = (
     "* simulated operand (its agent is not implemented yet): becomes ready after a realistic delay;"
-    " gfd runs the real GPU feature discovery agent on each node's mock GPUs"
+    " the other columns run the real agents on each node's mock GPUs"
 )
 
 
@@ -263,7 +312,7 @@ def progress_line(snap: Snapshot) -> str:
     return (
         f"[{snap.elapsed:5.1f}s] ClusterPolicy {snap.policy_state}; operand pods ready "
         f"{snap.pods_ready}/{snap.pods_total}; GPU nodes labelled {snap.labelled}/"
-        f"{len(snap.gpu_rows)}{waiting}"
+        f"{len(snap.gfd_rows)}{waiting}"
     )
 
 
@@ -280,6 +329,8 @@ class Summary:
     time_to_ready: float
     simulated: list[str]
     real: list[str]
+    # GPU nodes per VM workload config (no GFD there, so not in gpus_by_model).
+    vm_nodes: dict[str, int] = field(default_factory=dict)
 
 
 def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
@@ -308,10 +359,17 @@ def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
         time_to_ready=snap.elapsed,
         simulated=[c for c in snap.columns if _is_simulated(c)],
         real=[c for c in snap.columns if not _is_simulated(c)],
+        vm_nodes=dict(
+            sorted(
+                Counter(
+                    r.workload for r in snap.gpu_rows if r.workload != keys.WORKLOAD_CONTAINER
+                ).items()
+            )
+        ),
     )
 
 
-def summary_lines(summary: Summary) -> Sequence[str]:
+def summary_lines(summary: Summary, since: str = "ClusterPolicy creation") -> Sequence[str]:
     """The summary as plain lines (printed the same on terminals and pipes)."""
     models = ", ".join(f"{n} x {m}" for m, n in summary.gpus_by_model.items()) or "none"
     resources = ", ".join(f"{k}={v}" for k, v in summary.allocatable.items()) or "none"
@@ -320,10 +378,15 @@ def summary_lines(summary: Summary) -> Sequence[str]:
         f"  nodes:            {summary.nodes} ({summary.gpu_nodes} with GPUs,"
         f" {summary.nodes - summary.gpu_nodes} CPU only)",
         f"  GPUs by model:    {models} ({sum(summary.gpus_by_model.values())} in all)",
+        *(
+            [f"  VM nodes:         {', '.join(f'{n} {w}' for w, n in summary.vm_nodes.items())}"]
+            if summary.vm_nodes
+            else []
+        ),
         f"  allocatable:      {resources}",
         f"  labels set:       {summary.labels_set} nvidia.com/ node labels"
         f" ({summary.gfd_labels} of them by GPU feature discovery)",
-        f"  time to ready:    {summary.time_to_ready:.1f}s from ClusterPolicy creation",
+        f"  time to ready:    {summary.time_to_ready:.1f}s from {since}",
         f"  real agents:      {', '.join(summary.real) or 'none'}",
         f"  simulated:        {', '.join(summary.simulated) or 'none'}",
     ]

@@ -65,6 +65,7 @@ KINDS = (
     Kind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", True),
     Kind("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules", True),
     Kind("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures", True),
+    Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
 )
 
 
@@ -116,6 +117,9 @@ def wrap(obj: dict[str, Any]) -> Any:
     return of(obj)(obj)
 
 
+# The namespace argument that lists and watches a namespaced kind in every namespace.
+ALL_NAMESPACES = "*"
+
 NODE = resource("v1", "Node")
 POD = resource("v1", "Pod")
 EVENT = resource("v1", "Event")
@@ -125,3 +129,4 @@ LEASE = resource("coordination.k8s.io/v1", "Lease")
 CRD = resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CLUSTER_POLICY = resource("nvidia.com/v1", "ClusterPolicy")
 NVIDIA_DRIVER = resource("nvidia.com/v1alpha1", "NVIDIADriver")
+POD_DISRUPTION_BUDGET = resource("policy/v1", "PodDisruptionBudget")

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import PodEviction
 from lightkube.types import CascadeType, PatchType
 
 from gpu_operator.api import keys
@@ -79,8 +81,30 @@ class Writer:
             if err.status.code != 404:
                 raise
 
-    async def patch_node(self, name: str, patch: dict[str, Any]) -> None:
-        await self.client.patch(resources.NODE, name, patch, patch_type=PatchType.MERGE)
+    async def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch a node and return it as the server stored it."""
+        result = await self.client.patch(resources.NODE, name, patch, patch_type=PatchType.MERGE)
+        return dict(result)
+
+    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch a pod's metadata (labels, ownerReferences)."""
+        await self.client.patch(
+            resources.POD, name, patch, namespace=namespace, patch_type=PatchType.MERGE
+        )
+
+    async def evict(self, namespace: str, name: str) -> str | None:
+        """Evict a pod through the Eviction API, which honours PodDisruptionBudgets. None when the
+        pod is going (or already gone); otherwise the server's reason for refusing (429)."""
+        body = PodEviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        try:
+            await self.client.create(body, name=name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            if err.status.code == 429:
+                return str(err.status.message)
+            raise
+        return None
 
     async def patch_namespace_labels(self, name: str, labels: dict[str, str]) -> None:
         await self.client.patch(

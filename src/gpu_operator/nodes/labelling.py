@@ -26,8 +26,15 @@ VM_VGPU_OPERANDS = (
     "cc-manager", "client",
 )  # fmt: skip
 MIG_MANAGER = "mig-manager"
+# Node agents that pause other operands by rewriting their deploy labels, and restore them when
+# done. A pause left by an agent the node no longer runs (its workload config changed while it
+# was busy) would never end: such a value goes back to "true".
+PAUSED_BY = {
+    "paused-for-vgpu-change": "vgpu-device-manager",
+    "paused-for-mig-change": MIG_MANAGER,
+}
 # Keys that belong to the operator whoever wrote them (upstream's contract: it always owns them).
-ALWAYS_OURS = frozenset({keys.GPU_PRESENT})
+ALWAYS_OURS = frozenset({keys.GPU_PRESENT, keys.DRIVER_OWNER})
 _MIG_PRODUCT_HINTS = ("h100", "a100", "a30")
 
 
@@ -41,6 +48,8 @@ class LabelPolicy:
     mig_manager: bool = True
     mig_default_config: str = "all-disabled"
     upgrade_annotation: bool = False
+    # NVIDIADriver objects own the driver (spec.driver.useNvidiaDriverCRD): nodes get owner labels.
+    driver_crd: bool = False
 
     @classmethod
     def from_policy(cls, policy: ClusterPolicy) -> LabelPolicy:
@@ -60,7 +69,21 @@ class LabelPolicy:
                 and bool(upgrade and upgrade.autoUpgrade)
                 and not enablement.sandbox_enabled(spec)
             ),
+            driver_crd=bool(spec.driver.useNvidiaDriverCRD),
         )
+
+
+@dataclass(frozen=True)
+class OwnerLabel:
+    """The NVIDIADriver owner label a node should carry (see nodes/ownership.py).
+
+    `value` None removes the label; `keep` leaves label and upgrade annotation as they are.
+    `auto_upgrade` decides the upgrade annotation; None leaves that to the ClusterPolicy.
+    """
+
+    value: str | None
+    keep: bool = False
+    auto_upgrade: bool | None = None
 
 
 @dataclass
@@ -182,9 +205,13 @@ def _set_annotation(
 
 
 def plan_node(
-    labels: Mapping[str, str], annotations: Mapping[str, str], policy: LabelPolicy
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    policy: LabelPolicy,
+    owner: OwnerLabel | None = None,
 ) -> NodePlan:
-    """The label changes that bring one node in line with the ClusterPolicy."""
+    """The label changes that bring one node in line with the ClusterPolicy (and, in NVIDIADriver
+    mode, with the owner label `owner` asks for)."""
     writer = _Writer(labels, annotations)
     deploy_keys = [k for k in labels if k.startswith(keys.DEPLOY_PREFIX)]
     deploy_keys = [k for k in deploy_keys if k != keys.DEPLOY_OPERANDS]
@@ -199,11 +226,19 @@ def plan_node(
     else:
         wanted = {keys.DEPLOY_PREFIX + op for op in deploy_operands(labels, policy)}
         container = workload_config(labels, policy) == keys.WORKLOAD_CONTAINER
+        # The MIG manager's label stays on container nodes whatever the operator wants (a
+        # MIG-capable GPU may not be recognised from labels alone).
+        kept = set(wanted)
+        if container:
+            kept.add(keys.DEPLOY_PREFIX + MIG_MANAGER)
         for key in deploy_keys:
-            keep_mig = container and key == keys.DEPLOY_PREFIX + MIG_MANAGER
-            if key not in wanted and not keep_mig:
+            if key not in kept:
                 writer.remove(key)
         for key in sorted(wanted):
+            pauser = PAUSED_BY.get(labels.get(key, ""))
+            if pauser is not None and keys.DEPLOY_PREFIX + pauser not in kept:
+                writer.set(key, "true")  # a stale pause (see PAUSED_BY)
+                continue
             # Non-empty values set by others (pause values, a human's "false") are kept.
             writer.set(key, "true", keep_non_empty=True)
         if (
@@ -214,13 +249,17 @@ def plan_node(
             and policy.mig_default_config == "all-disabled"
         ):
             writer.set(keys.MIG_CONFIG, "all-disabled")
+    upgrade = gpu and policy.upgrade_annotation
+    if owner is not None and not owner.keep:
+        if owner.value:
+            writer.set(keys.DRIVER_OWNER, owner.value)
+        else:
+            writer.remove(keys.DRIVER_OWNER)
+    if owner is not None and owner.auto_upgrade is not None:
+        upgrade = gpu and owner.value is not None and owner.auto_upgrade
     plan = writer.finish(annotations)
-    _set_annotation(
-        plan,
-        annotations,
-        keys.UPGRADE_ENABLED,
-        "true" if gpu and policy.upgrade_annotation else None,
-    )
+    if owner is None or not owner.keep:
+        _set_annotation(plan, annotations, keys.UPGRADE_ENABLED, "true" if upgrade else None)
     return plan
 
 

@@ -16,6 +16,10 @@ ANNOTATION = "nvidia.com/gpu-operator.owned-labels"
 # and restores them afterwards: such a value still belongs to the operator.
 PAUSE_PREFIX = "paused-"
 
+# Not a label: the entry that records a cordon (spec.unschedulable) made by the driver upgrade,
+# so the operator uncordons only nodes it cordoned itself. "@" cannot occur in a label key.
+CORDON = "@spec.unschedulable"
+
 
 def read(annotations: Mapping[str, str]) -> dict[str, str]:
     """The labels the operator owns on a node, with the values it wrote."""

@@ -11,7 +11,6 @@ from typing import Literal
 
 import pydantic
 
-from gpu_operator.api import manifests
 from gpu_operator.nvml import catalog
 
 
@@ -168,11 +167,17 @@ def from_dict(data: object, source: str = "machine") -> MachineSpec:
     try:
         return MachineSpec.model_validate(data)
     except pydantic.ValidationError as err:
+        from gpu_operator.api import manifests
+
         raise MachineFileError(f"{source}: {manifests.field_errors(err)}") from None
 
 
 def load(path: str | Path) -> MachineSpec:
     """Read a machine YAML file (format in docs/gpu-layer.md)."""
+    # Imported here: `gpu_operator.api` loads every CRD model, which agents on a preset
+    # machine (the demo's mock-backed exporters) would otherwise carry for nothing.
+    from gpu_operator.api import manifests
+
     try:
         data = manifests.load_one(path)
     except manifests.ManifestError as err:

@@ -12,7 +12,7 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,10 @@ from gpu_operator.nvml import protocol as p
 from gpu_operator.nvml.catalog import Placement
 
 XID_FALLEN_OFF_BUS = 79
+# XIDs after which the driver asks for a GPU reset (recovery action GPU_RESET), after NVIDIA's XID
+# catalogue: double-bit ECC, micro-controller halt, row-remap/retirement pending, NVLink failure,
+# fallen off the bus, uncontained ECC, GSP errors, unrecovered ECC. Others need no recovery action.
+RESET_XIDS = frozenset({48, 62, 63, 64, 74, 79, 95, 119, 120, 140})
 _ALL_EVENTS = (
     p.EventType.SINGLE_BIT_ECC
     | p.EventType.DOUBLE_BIT_ECC
@@ -28,6 +32,8 @@ _ALL_EVENTS = (
     | p.EventType.XID_CRITICAL
     | p.EventType.CLOCK
 )
+# Models with HBM memory: they report a memory temperature and remap rows after ECC errors.
+_HBM_MODELS = ("A100", "A30", "H100", "H200", "B200")
 # Bus numbers of the eight GPUs on a DGX A100/H100 baseboard; other machines count up.
 _BOARD_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
 
@@ -97,6 +103,7 @@ class _Gpu:
     mig_pending: bool = False
     gis: dict[int, _Gi] = field(default_factory=dict)
     lost: bool = False
+    recovery: p.RecoveryAction = p.RecoveryAction.NONE
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)
     processes: dict[int, _Process] = field(default_factory=dict)
     energy_mj: float = 0.0
@@ -105,6 +112,13 @@ class _Gpu:
     def mig_devices(self) -> list[tuple[_Gi, _Ci]]:
         return [(gi, ci) for gi in sorted(self.gis.values(), key=lambda g: g.id)
                 for ci in sorted(gi.cis.values(), key=lambda c: c.id)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A simulated job started by `MockMachine.start_workload`: (GPU index, pid) per device."""
+
+    processes: tuple[tuple[int, int], ...]
 
 
 @dataclass
@@ -133,6 +147,7 @@ class MockMachine:
         self._faults: list[_Fault] = []
         self._event_sets: list[MockEventSet] = []
         self._mig_serial = 0
+        self._workload_pids = itertools.count(40_000)
         self.nvswitch = spec.has_nvswitch()
         models = spec.gpu_models()
         board = len(models) == 8
@@ -249,10 +264,18 @@ class MockMachine:
         *,
         gpu_instance_id: int | None = None,
         compute_instance_id: int | None = None,
+        recovery: p.RecoveryAction | None = None,
     ) -> None:
-        """Raise an XID critical-error event on `gpu` (optionally scoped to a MIG instance)."""
+        """Raise an XID critical-error event on `gpu` (optionally scoped to a MIG instance).
+
+        The GPU's recovery action becomes `recovery`, by default GPU_RESET for `RESET_XIDS`.
+        """
+        if recovery is None:
+            recovery = p.RecoveryAction.GPU_RESET if xid in RESET_XIDS else p.RecoveryAction.NONE
         with self.lock:
             g = self._gpu(gpu)
+            if g.recovery is p.RecoveryAction.NONE:  # a pending action stays until the reset
+                g.recovery = recovery
             self._emit(g, p.EventType.XID_CRITICAL, xid, gpu_instance_id, compute_instance_id)
 
     def inject_ecc_error(self, gpu: int, *, uncorrected: bool = False, count: int = 1) -> None:
@@ -265,6 +288,9 @@ class MockMachine:
             for counter in p.EccCounterType:
                 key = (int(kind), int(counter))
                 g.ecc[key] = g.ecc.get(key, 0) + count
+            # Uncorrectable memory errors leave pages to retire: the driver wants a reset.
+            if uncorrected and g.recovery is p.RecoveryAction.NONE:
+                g.recovery = p.RecoveryAction.GPU_RESET
             event = p.EventType.DOUBLE_BIT_ECC if uncorrected else p.EventType.SINGLE_BIT_ECC
             self._emit(g, event, 0, None, None)
 
@@ -274,9 +300,12 @@ class MockMachine:
             g = self._gpu(gpu)
             self._emit(g, p.EventType.XID_CRITICAL, XID_FALLEN_OFF_BUS, None, None)
             g.lost = True
+            if g.recovery is p.RecoveryAction.NONE:
+                g.recovery = p.RecoveryAction.GPU_RESET
 
     def reset(self, gpu: int) -> None:
-        """Simulate `nvidia-smi -r`: apply pending MIG mode, clear volatile ECC, recover a lost GPU.
+        """Simulate `nvidia-smi -r`: apply pending MIG mode, clear volatile ECC and the recovery
+        action, recover a lost GPU.
 
         Only the simulated machine offers this; agents never reset GPUs through the Protocol.
         """
@@ -285,12 +314,24 @@ class MockMachine:
             if g.processes:
                 raise errors.InUse(f"GPU {gpu} cannot be reset: processes are running on it")
             g.lost = False
+            g.recovery = p.RecoveryAction.NONE
             if g.mig_pending != g.mig_current:
                 g.mig_current = g.mig_pending
                 g.gis.clear()
             for kind in p.EccErrorType:
                 g.ecc.pop((int(kind), int(p.EccCounterType.VOLATILE)), None)
             self._changed.notify_all()
+
+    def reboot(self) -> None:
+        """Simulate a node reboot: processes end, pending MIG modes apply, and every GPU and
+        compute instance is gone (MIG mode survives a reboot, the instances do not)."""
+        with self.lock:
+            for g in self.gpus:
+                self._advance_energy(g)
+                g.processes.clear()
+                g.gis.clear()
+            for index in range(len(self.gpus)):
+                self.reset(index)
 
     # -- workload simulation ---------------------------------------------------------------
 
@@ -321,6 +362,48 @@ class MockMachine:
             g = self._gpu(gpu)
             self._advance_energy(g)
             g.processes.pop(pid, None)
+
+    def start_workload(
+        self, uuids: Iterable[str], *, load: int = 90, memory_mib: int | None = None
+    ) -> Workload:
+        """Run a job on exactly the GPUs or MIG devices named by UUID (what a pod was allocated).
+
+        Each device gets one process with `load` and `memory_mib` (default: a quarter of the
+        device's memory), so utilization, memory, power and temperature move on those alone.
+        """
+        if not 0 <= load <= 100:
+            raise ValueError("load must be within 0..100")
+        with self.lock:
+            targets = [self._resolve_uuid(u) for u in uuids]
+            started: list[tuple[int, int]] = []
+            for g, gi, ci in targets:
+                total = gi.profile.memory_mb if gi is not None else g.model.memory_mib
+                pid = next(self._workload_pids)
+                self.start_process(
+                    g.index,
+                    pid,
+                    used_memory_mib=total // 4 if memory_mib is None else memory_mib,
+                    load=load,
+                    gpu_instance_id=gi.id if gi is not None else None,
+                    compute_instance_id=ci.id if ci is not None else None,
+                )
+                started.append((g.index, pid))
+            return Workload(tuple(started))
+
+    def stop_workload(self, workload: Workload) -> None:
+        """End a job started with `start_workload` (its processes leave their GPUs)."""
+        with self.lock:
+            for gpu, pid in workload.processes:
+                self.stop_process(gpu, pid)
+
+    def _resolve_uuid(self, uuid: str) -> tuple[_Gpu, _Gi | None, _Ci | None]:
+        for g in self.gpus:
+            if g.uuid == uuid:
+                return g, None, None
+            for gi, ci in g.mig_devices():
+                if ci.uuid == uuid:
+                    return g, gi, ci
+        raise ValueError(f"{self.spec.name} has no GPU or MIG device with UUID {uuid!r}")
 
     # -- internals shared with handles -----------------------------------------------------
 
@@ -701,9 +784,9 @@ class MockDevice(_Handle):
                 raise errors.InUse(
                     f"GPU {self._g.index}: destroy all GPU instances before changing MIG mode"
                 )
-            if self._g.processes:
-                raise errors.InUse(f"GPU {self._g.index}: processes are running")
-            # The new mode is pending until the GPU is reset, as on bare-metal A100s.
+            # The new mode is pending until the GPU is reset, as on bare-metal A100s. Running
+            # processes do not stop the request (the driver reports "pending ... in use by
+            # another client"); they stop the reset that would make it current.
             self._g.mig_pending = enabled
 
     def max_mig_device_count(self) -> int:
@@ -841,6 +924,54 @@ class MockDevice(_Handle):
                 return round(sm * 0.9)
             return sm
 
+    def encoder_utilization(self) -> int:
+        with self._m.lock:
+            self._enter("encoder_utilization")
+            self._no_mig_utilization()
+            return 0  # simulated jobs do compute only
+
+    def decoder_utilization(self) -> int:
+        with self._m.lock:
+            self._enter("decoder_utilization")
+            self._no_mig_utilization()
+            return 0
+
+    def _no_mig_utilization(self) -> None:
+        if self._g.mig_current:
+            raise errors.NotSupported("utilization is not reported while MIG is enabled")
+
+    def memory_temperature(self) -> int:
+        with self._m.lock:
+            self._enter("memory_temperature")
+            # Only HBM boards have a memory sensor NVML reports; GDDR boards answer NotSupported.
+            if not self._g.model.key.startswith(_HBM_MODELS):
+                raise errors.NotSupported(f"{self._g.model.key} reports no memory temperature")
+            return self._m._temperature(self._g, self._m.clock()) + 4
+
+    def pcie_throughput(self, counter: p.PcieUtilCounter) -> int:
+        with self._m.lock:
+            self._enter("pcie_throughput")
+            # KB/s: busy GPUs stream inputs in (RX) and results out (TX) at a few GB/s.
+            util = self._m._utilization(self._g, self._m.clock())
+            per_percent = 24_000 if counter == p.PcieUtilCounter.RX_BYTES else 9_000
+            return util * per_percent + 120
+
+    def pcie_replay_counter(self) -> int:
+        with self._m.lock:
+            self._enter("pcie_replay_counter")
+            return 0  # the simulated PCIe links never retry
+
+    def remapped_rows(self) -> p.RemappedRows:
+        with self._m.lock:
+            self._enter("remapped_rows")
+            if not self._g.model.key.startswith(_HBM_MODELS):
+                raise errors.NotSupported(f"{self._g.model.key} has no row remapper")
+            # An uncorrectable error remaps its row at once; the remap is applied at the next reset.
+            unc = int(p.EccErrorType.UNCORRECTED)
+            aggregate = self._g.ecc.get((unc, int(p.EccCounterType.AGGREGATE)), 0)
+            volatile = self._g.ecc.get((unc, int(p.EccCounterType.VOLATILE)), 0)
+            return p.RemappedRows(0, aggregate, volatile > 0, False)
+
     def total_ecc_errors(self, error_type: p.EccErrorType, counter_type: p.EccCounterType) -> int:
         with self._m.lock:
             self._enter("total_ecc_errors")
@@ -850,6 +981,11 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("supported_event_types")
             return _ALL_EVENTS
+
+    def gpu_recovery_action(self) -> p.RecoveryAction:
+        with self._m.lock:
+            self._enter("gpu_recovery_action")
+            return self._g.recovery
 
     def running_processes(self) -> list[p.ProcessInfo]:
         with self._m.lock:
@@ -1032,6 +1168,24 @@ class MockMigDevice(MockDevice):
 
     def temperature(self) -> int:
         raise self._not_for_mig("temperature")
+
+    def encoder_utilization(self) -> int:
+        raise self._not_for_mig("encoder_utilization")
+
+    def decoder_utilization(self) -> int:
+        raise self._not_for_mig("decoder_utilization")
+
+    def memory_temperature(self) -> int:
+        raise self._not_for_mig("memory_temperature")
+
+    def pcie_throughput(self, counter: p.PcieUtilCounter) -> int:
+        raise self._not_for_mig("pcie_throughput")
+
+    def pcie_replay_counter(self) -> int:
+        raise self._not_for_mig("pcie_replay_counter")
+
+    def remapped_rows(self) -> p.RemappedRows:
+        raise self._not_for_mig("remapped_rows")
 
     def power_usage(self) -> int:
         raise self._not_for_mig("power_usage")

@@ -32,8 +32,11 @@ __all__ = [
     "MigMode",
     "Nvml",
     "PciInfo",
+    "PcieUtilCounter",
     "Placement",
     "ProcessInfo",
+    "RecoveryAction",
+    "RemappedRows",
     "TopologyLevel",
     "Utilization",
 ]
@@ -64,6 +67,26 @@ class EccErrorType(enum.IntEnum):
 class EccCounterType(enum.IntEnum):
     VOLATILE = 0
     AGGREGATE = 1
+
+
+class RecoveryAction(enum.IntEnum):
+    """What the driver says a GPU needs after a fault (nvmlGpuRecoveryAction_t, field 230)."""
+
+    NONE = 0
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+
+class PcieUtilCounter(enum.IntEnum):
+    """Direction of a PCIe throughput sample (nvmlPcieUtilCounter_t)."""
+
+    TX_BYTES = 0
+    RX_BYTES = 1
 
 
 class TopologyLevel(enum.IntEnum):
@@ -113,6 +136,16 @@ class ProcessInfo:
     used_gpu_memory: int
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """nvmlDeviceGetRemappedRows: rows remapped after errors, and whether a remap waits/failed."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
 
 
 @dataclass(frozen=True)
@@ -248,8 +281,15 @@ class Device(Protocol):
     def power_usage(self) -> int: ...
     def total_energy_consumption(self) -> int: ...
     def clock(self, clock_type: ClockType) -> int: ...
+    def encoder_utilization(self) -> int: ...
+    def decoder_utilization(self) -> int: ...
+    def memory_temperature(self) -> int: ...
+    def pcie_throughput(self, counter: PcieUtilCounter) -> int: ...
+    def pcie_replay_counter(self) -> int: ...
+    def remapped_rows(self) -> RemappedRows: ...
     def total_ecc_errors(self, error_type: EccErrorType, counter_type: EccCounterType) -> int: ...
     def supported_event_types(self) -> EventType: ...
+    def gpu_recovery_action(self) -> RecoveryAction: ...
     def running_processes(self) -> list[ProcessInfo]: ...
 
     # Interconnect

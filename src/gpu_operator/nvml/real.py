@@ -49,6 +49,10 @@ _BRANDS = {
 }
 _FABRIC_COMPLETED = 3
 _NO_ID = 0xFFFFFFFF
+_FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP: HBM boards only; others answer NotSupported
+# nvmlValueType_t -> the member of the nvmlValue_t union that holds it.
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+_FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; older drivers: NotSupported
 
 
 def _text(value: Any) -> str:
@@ -335,6 +339,34 @@ class RealDevice:
     def clock(self, clock_type: p.ClockType) -> int:
         return int(self._call("nvmlDeviceGetClockInfo", self._h, int(clock_type)))
 
+    def encoder_utilization(self) -> int:
+        return int(self._call("nvmlDeviceGetEncoderUtilization", self._h)[0])
+
+    def decoder_utilization(self) -> int:
+        return int(self._call("nvmlDeviceGetDecoderUtilization", self._h)[0])
+
+    def memory_temperature(self) -> int:
+        return int(self._field_value(_FI_MEMORY_TEMP, "memory temperature"))
+
+    def pcie_throughput(self, counter: p.PcieUtilCounter) -> int:
+        return int(self._call("nvmlDeviceGetPcieThroughput", self._h, int(counter)))
+
+    def pcie_replay_counter(self) -> int:
+        return int(self._call("nvmlDeviceGetPcieReplayCounter", self._h))
+
+    def remapped_rows(self) -> p.RemappedRows:
+        corr, unc, pending, failure = self._call("nvmlDeviceGetRemappedRows", self._h)
+        return p.RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
+
+    def _field_value(self, field_id: int, what: str) -> float | int:
+        value = self._call("nvmlDeviceGetFieldValues", self._h, [field_id])[0]
+        code = int(value.nvmlReturn)
+        if code != errors.SUCCESS:
+            raise errors.from_code(code, f"nvmlDeviceGetFieldValues: {what}")
+        member = _VALUE_MEMBERS.get(int(value.valueType), "uiVal")
+        number: float | int = getattr(value.value, member)
+        return number
+
     def total_ecc_errors(self, error_type: p.EccErrorType, counter_type: p.EccCounterType) -> int:
         return int(
             self._call("nvmlDeviceGetTotalEccErrors", self._h, int(error_type), int(counter_type))
@@ -342,6 +374,18 @@ class RealDevice:
 
     def supported_event_types(self) -> p.EventType:
         return p.EventType(int(self._call("nvmlDeviceGetSupportedEventTypes", self._h)) & 0x1F)
+
+    def gpu_recovery_action(self) -> p.RecoveryAction:
+        values = self._call("nvmlDeviceGetFieldValues", self._h, [_FI_GPU_RECOVERY_ACTION])
+        code = int(values[0].nvmlReturn)
+        if code != errors.SUCCESS:
+            raise errors.from_code(code, "nvmlDeviceGetFieldValues: GPU recovery action")
+        action = int(values[0].value.uiVal)
+        try:
+            return p.RecoveryAction(action)
+        except ValueError:
+            # A newer driver's action we do not know yet: treat it as "needs a reset".
+            return p.RecoveryAction.GPU_RESET
 
     def running_processes(self) -> list[p.ProcessInfo]:
         out = []

@@ -15,6 +15,8 @@ SIDECAR = "config-manager"
 CONFIG_FILE = "/config/config.yaml"
 AVAILABLE_DIR = "/available-configs"
 NODE_LABEL = "nvidia.com/device-plugin.config"
+# The config manager reports a config it refuses as an Event on the node (in this namespace).
+EVENTS_RULE = common.rule([""], ["events"], ("create",))
 
 
 def containers(process_to_signal: str) -> tuple[Obj, Obj]:
@@ -58,6 +60,9 @@ def wire(ds: Obj, policy: api.ClusterPolicy, main: Obj) -> None:
         set_env(ctr, "DEFAULT_CONFIG", config.default or "")
     set_env(main, "CONFIG_FILE", CONFIG_FILE)
     common.add_mount(main, mount("config", "/config"))
+    # The symlink /config/config.yaml points into /available-configs, so the operand needs
+    # both mounts to read it (as upstream's shared config mounts give it).
+    common.add_mount(main, mount("available-configs", AVAILABLE_DIR))
     common.add_volume(ds, {"name": "config", "emptyDir": {}})
     common.add_volume(ds, {"name": "available-configs", "configMap": {"name": config.name}})
     pod = common.pod_spec(ds)

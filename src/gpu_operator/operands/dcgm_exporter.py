@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator import api
+from gpu_operator.agents.dcgm_exporter import counters
 from gpu_operator.api import enablement
 from gpu_operator.operands import common, dcgm
 from gpu_operator.operands.common import Obj, container, env, host_path, mount, set_env
@@ -25,66 +26,41 @@ POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
 POD_UID_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"
 ALLOWLIST_ENV = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"
 
-# The exporter's default counters (field, Prometheus type, help), reference §3.1.
-DEFAULT_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
-    (
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "counter",
-        "Total energy consumption since boot (in mJ).",
-    ),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
-    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
-    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."),
-    (
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        "counter",
-        "Total number of NVLink bandwidth counters for all lanes.",
-    ),
-    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status."),
-    (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "counter",
-        "Number of remapped rows for uncorrectable errors.",
-    ),
-    (
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "counter",
-        "Number of remapped rows for correctable errors.",
-    ),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
-    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version."),
-    (
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        "gauge",
-        "Ratio of time the graphics engine is active.",
-    ),
-    (
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "gauge",
-        "Ratio of cycles the tensor (HMMA) pipe is active.",
-    ),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active."),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus."),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus."),
-)
-
 
 def default_metrics_csv() -> str:
-    """The default counters file: `field, type, help` lines after a comment header."""
-    lines = ["# Format", "# DCGM FIELD, Prometheus metric type, help message", ""]
-    lines += [f"{name}, {kind}, {help_text}" for name, kind, help_text in DEFAULT_COUNTERS]
-    return "\n".join(lines) + "\n"
+    """The default counters file (the exporter's own, shipped with it), reference §3.1."""
+    return counters.default_text()
+
+
+def check_metrics_config(policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
+    """The ConfigMap named in `dcgmExporter.config.name` must exist, hold the key the exporter
+    reads and parse as a counters CSV; RenderError names the ConfigMap, key and bad lines.
+
+    Upstream mounts only key `dcgm-metrics.csv` (a ConfigMap volume item): any other spelling, such
+    as `metrics.csv`, leaves the exporter pod stuck in ContainerCreating with FailedMount
+    "configmap references non-existent config key". We refuse it up front and say so.
+    """
+    name = metrics_config_map(policy)
+    if name == METRICS_CM:
+        return
+    where = f"dcgmExporter.config.name: ConfigMap {name!r} in namespace {facts.namespace!r}"
+    if name not in facts.config_map_keys:
+        raise common.RenderError(f"{where} not found")
+    keys = facts.config_map_keys[name]
+    if METRICS_KEY not in keys:
+        held = ", ".join(keys) if keys else "none"
+        raise common.RenderError(
+            f"{where} has no key {METRICS_KEY!r} (its keys: {held}); the exporter reads its "
+            f"counters from {METRICS_PATH}, which the operator mounts from key {METRICS_KEY!r} "
+            f"only (as upstream does): rename the key to {METRICS_KEY}"
+        )
+    text = (facts.config_map_data.get(name) or {}).get(METRICS_KEY)
+    if text is None:
+        return  # contents unknown (offline render): the key is there, the exporter checks lines
+    try:
+        counters.parse(text, f"{where} key {METRICS_KEY!r}")
+    except counters.CsvError as err:
+        raise common.RenderError(str(err)) from None
 
 
 def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
@@ -144,7 +120,14 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         inits=[common.toolkit_ready_init()],
         volumes=[
             host_path("pod-gpu-resources", f"{kubelet}/pod-resources"),
-            {"name": "metrics-config", "configMap": {"name": metrics_config_map(policy)}},
+            {
+                "name": "metrics-config",
+                "configMap": {
+                    "name": metrics_config_map(policy),
+                    # Upstream mounts this one key: a ConfigMap without it cannot be mounted.
+                    "items": [{"key": METRICS_KEY, "path": METRICS_KEY}],
+                },
+            },
             *common.VALIDATION_VOLUMES,
         ],
     )
@@ -188,6 +171,7 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
     """RBAC (+ read-pods gate), metrics ConfigMap, DaemonSet, Service and maybe a ServiceMonitor."""
+    check_metrics_config(policy, facts)
     exporter = policy.spec.dcgmExporter
     objects = common.rbac(SA_NAME, NAME, facts)
     if needs_pod_access(policy):

@@ -121,6 +121,8 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         NAME,
         facts,
         cluster_rules=[common.rule([""], ["nodes"], common.READ)],
+        # Events on the node: device health changes, and the config manager's rejections.
+        namespace_rules=[config_manager.EVENTS_RULE],
     )
     objects.append(common.config_map(ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}))
     ds = _base(policy, facts)

@@ -452,7 +452,11 @@ def _transform(
 
 
 def _base(
-    facts: ClusterFacts, name: str, extra_selector: dict[str, str], labels: dict[str, str]
+    facts: ClusterFacts,
+    name: str,
+    extra_selector: dict[str, str],
+    labels: dict[str, str],
+    service_account: str = SA_NAME,
 ) -> Obj:
     main = [
         _driver_container(),
@@ -465,7 +469,7 @@ def _base(
         NAME,
         facts,
         deploy_label="driver",
-        service_account_name=SA_NAME,
+        service_account_name=service_account,
         main=main,
         inits=[manager_container()],
         volumes=_volumes(),
@@ -476,6 +480,29 @@ def _base(
     # The driver is replaced node by node through the upgrade flow, never by a rolling update.
     ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
     return ds
+
+
+def daemonset(
+    policy: api.ClusterPolicy,
+    facts: ClusterFacts,
+    *,
+    name: str,
+    image: str,
+    precompiled: bool,
+    extra_selector: dict[str, str],
+    labels: dict[str, str],
+    service_account: str = SA_NAME,
+) -> Obj:
+    """One driver DaemonSet: the base pod, the common transforms and the driver's own."""
+    ds = _base(facts, name, extra_selector, labels, service_account)
+    return common.finalize(
+        ds,
+        policy,
+        facts,
+        functools.partial(
+            _transform, policy=policy, facts=facts, image=image, precompiled=precompiled
+        ),
+    )
 
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
@@ -490,14 +517,15 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
     objects: list[Obj] = rbac(facts, SA_NAME, NAME)
     component = {"app.kubernetes.io/component": COMPONENT}
     if not policy.spec.driver.usePrecompiled:
-        ds = _base(facts, DS_NAME, {}, {**component, keys.PRECOMPILED: "false"})
-        image = images.driver_image(path, tag)
         objects.append(
-            common.finalize(
-                ds,
+            daemonset(
                 policy,
                 facts,
-                lambda d: _transform(d, policy, facts, image=image, precompiled=False),
+                name=DS_NAME,
+                image=images.driver_image(path, tag),
+                precompiled=False,
+                extra_selector={},
+                labels={**component, keys.PRECOMPILED: "false"},
             )
         )
         return objects

@@ -25,6 +25,10 @@ def _no_config_maps() -> Mapping[str, tuple[str, ...]]:
     return MappingProxyType({})
 
 
+def _no_config_map_data() -> Mapping[str, Mapping[str, str]]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class ClusterFacts:
     """Observed cluster facts; the defaults describe a one-pool Ubuntu 22.04 containerd cluster.
@@ -44,6 +48,8 @@ class ClusterFacts:
     - config_map_keys: keys of the ConfigMaps in `namespace` that the driver mounts file by file
       (repoConfig, certConfig, kernelModuleConfig), by ConfigMap name; a referenced ConfigMap
       missing here makes the driver state fail to render, as upstream fails when it is absent.
+    - config_map_data: the contents of the ConfigMap keys whose text a renderer checks (today the
+      dcgm-exporter counters key), by ConfigMap name then key; absent when unknown (offline).
     """
 
     namespace: str = "gpu-operator"
@@ -58,6 +64,7 @@ class ClusterFacts:
     has_prometheusrule_crd: bool = False
     operator_env: Mapping[str, str] = field(default_factory=_no_env)
     config_map_keys: Mapping[str, tuple[str, ...]] = field(default_factory=_no_config_maps)
+    config_map_data: Mapping[str, Mapping[str, str]] = field(default_factory=_no_config_map_data)
 
     @property
     def os_tag(self) -> str | None:

@@ -72,7 +72,10 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         facts,
         cluster_rules=[common.rule([""], ["nodes"], common.READ)],
         # GFD publishes its labels as an NFD NodeFeature object per node.
-        namespace_rules=[common.rule(["nfd.k8s-sigs.io"], ["nodefeatures"], common.WRITE)],
+        namespace_rules=[
+            common.rule(["nfd.k8s-sigs.io"], ["nodefeatures"], common.WRITE),
+            config_manager.EVENTS_RULE,
+        ],
     )
     ds = _base(facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))

@@ -169,6 +169,9 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
             env("DEFAULT_GPU_CLIENTS_NAMESPACE", facts.namespace),
             env("NVIDIA_DRIVER_ROOT", common.DEFAULT_DRIVER_INSTALL_DIR),
             env("DRIVER_ROOT_CTR_PATH", "/driver-root"),
+            # The manager publishes its hardware-generated config as a ConfigMap owned by its pod.
+            common.field_env("POD_NAME", "metadata.name"),
+            common.namespace_env("POD_NAMESPACE"),
         ],
         mounts=[
             mount("run-nvidia-validations", common.VALIDATIONS_DIR),
@@ -238,8 +241,12 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
             common.rule([""], ["nodes"], ("get", "list", "watch", "update", "patch")),
             common.rule([""], ["pods"], ("get", "list", "watch", "delete")),
         ],
-        # The manager publishes the hardware-generated config as `<node>-mig-config`.
-        namespace_rules=[common.rule([""], ["configmaps"], common.WRITE)],
+        # The manager publishes the hardware-generated config as `<node>-mig-config`, and
+        # records Events about its node's MIG changes.
+        namespace_rules=[
+            common.rule([""], ["configmaps"], common.WRITE),
+            common.rule([""], ["events"], ("create",)),
+        ],
     )
     if _config_name(policy) == MIG_CONFIG_CM:
         objects.append(

@@ -70,7 +70,11 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
     objects = common.rbac(
-        SA_NAME, NAME, facts, cluster_rules=[common.rule([""], ["nodes"], common.READ)]
+        SA_NAME,
+        NAME,
+        facts,
+        cluster_rules=[common.rule([""], ["nodes"], common.READ)],
+        namespace_rules=[config_manager.EVENTS_RULE],
     )
     ds = _base(facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))

@@ -48,17 +48,24 @@ class PodSummary(NamedTuple):
     owner_uids: tuple[str, ...]
     revision_hash: str | None
     problem: tuple[int, str] | None  # without the revision check, which needs the DaemonSet
+    # The `app` and `app.kubernetes.io/component` labels: the NVIDIADriver hand-over finds the
+    # driver pods a deleted ClusterPolicy DaemonSet left running by them.
+    app: str | None = None
+    component: str | None = None
 
 
 def summarize(pod: Obj) -> PodSummary:
     """The summary of one pod (see PodSummary)."""
     meta = pod.get("metadata", {})
+    labels = meta.get("labels") or {}
     return PodSummary(
         name=str(meta.get("name", "?")),
         node=str(pod.get("spec", {}).get("nodeName") or ""),
         owner_uids=tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or []),
-        revision_hash=(meta.get("labels") or {}).get(REVISION_HASH_LABEL),
+        revision_hash=labels.get(REVISION_HASH_LABEL),
         problem=pod_problem(pod),
+        app=labels.get("app"),
+        component=labels.get("app.kubernetes.io/component"),
     )
 
 

@@ -145,6 +145,24 @@ class Auth:
         )
         return token
 
+    def token_for_pod(self, pod: dict[str, Any], *, expiration_seconds: int = 3607) -> str:
+        """The token the kubelet projects into a pod (its ServiceAccount, bound to the pod so it
+        dies with it; 3607 s is the kubelet's default for the kube-api-access volume)."""
+        meta = pod["metadata"]
+        namespace = meta.get("namespace", "")
+        name = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        account = self.store.peek(("", "serviceaccounts"), namespace, name)
+        if account is None:
+            raise errors.not_found("serviceaccounts", "", name)
+        token, _expires = self.tokens.service_account(
+            namespace,
+            name,
+            account.obj["metadata"]["uid"],
+            expiration_seconds=expiration_seconds,
+            bound={"kind": "Pod", "name": meta.get("name", ""), "uid": meta.get("uid", "")},
+        )
+        return token
+
     def kubeconfig(
         self, token: str, name: str = "kubesim", namespace: str = "default"
     ) -> dict[str, Any]:

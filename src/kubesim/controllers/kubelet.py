@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kubesim import errors, runner_logs, selectors
+from kubesim import errors, programs, runner_logs, selectors
 from kubesim.controllers.base import Controller
 from kubesim.controllers.volumes import (
     CONFIGMAP_KEY,
@@ -30,8 +30,20 @@ from kubesim.controllers.volumes import (
     node_allocatable,
     resolve_within,
 )
+from kubesim.devicemanager import (
+    AdmissionError,
+    ContainerAllocation,
+    DeviceManagers,
+    PreStartError,
+)
 from kubesim.store import Event, Store, dumps, loads, now
-from kubesim.streaming.runtime import ContainerInstance, ContainerIO, ContainerRuntime
+from kubesim.streaming.runtime import (
+    ContainerInstance,
+    ContainerIO,
+    ContainerRuntime,
+    ExecFunction,
+    ExecProcess,
+)
 
 log = logging.getLogger("kubesim.kubelet")
 POD_KEY = ("", "pods")
@@ -62,6 +74,10 @@ class KubeletConfig:
     mount_retry_delay: float = 0.2
     termination_delay: float = 0.0
     lease_interval: float | None = 10.0
+    # Device manager: how long a registering plugin has to answer the kubelet's dial, and how
+    # long a resource whose plugin went away keeps its capacity (the kubelet's 10 s and 5 min).
+    device_plugin_dial_timeout: float = 10.0
+    device_plugin_grace_period: float = 300.0
     kubelet_version: str = "v1.35.0"
     container_runtime_version: str = "containerd://2.0.5"
     kernel_version: str = "6.8.0-52-generic"
@@ -115,6 +131,8 @@ class PodContext(ContainerIO):
         self.ready_set: bool | None = None
         # The pod's volumes (set by the kubelet when they are written for this pod).
         self.volumes: PodVolumes | None = None
+        # What device plugins gave this container (set by the kubelet; None: no devices).
+        self.allocation: ContainerAllocation | None = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -266,6 +284,12 @@ class _PodWorker:
         # Debug containers added through pods/ephemeralcontainers (never restarted).
         self.ephemeral_statuses: list[dict[str, Any]] = []
         self.ephemeral_tasks: dict[str, asyncio.Task[None]] = {}
+        # Containers whose command the runtime could not start (name -> runc's message).
+        self.start_errors: dict[str, str] = {}
+        # Device-plugin allocations per container name, from admission.
+        self.allocations: dict[str, ContainerAllocation] = {}
+        # (reason, message) when admission refused the pod.
+        self.rejected: tuple[str, str] | None = None
 
     # ----- status model ---------------------------------------------------------------------
 
@@ -329,6 +353,8 @@ class _PodWorker:
         self._condition("PodScheduled", True)
 
     def status(self) -> dict[str, Any]:
+        if self.rejected is not None:
+            return self._rejected_status(*self.rejected)
         self.refresh_conditions()
         node_ip = self.kubelet.node_ip(self.node_name)
         status: dict[str, Any] = {
@@ -358,6 +384,19 @@ class _PodWorker:
         if self.ephemeral_statuses:
             status["ephemeralContainerStatuses"] = self.ephemeral_statuses
         return status
+
+    def _rejected_status(self, reason: str, message: str) -> dict[str, Any]:
+        """The status of a pod refused at admission: Failed with the kubelet's reason and
+        message, and no container statuses (nothing was started)."""
+        self._condition("PodScheduled", True)
+        return {
+            "phase": "Failed",
+            "conditions": [self.conditions["PodScheduled"]],
+            "message": f"Pod was rejected: {message}",
+            "reason": reason,
+            "startTime": self.started,
+            "qosClass": (self.pod.get("status") or {}).get("qosClass", "BestEffort"),
+        }
 
     def _container_status(self, container: dict[str, Any]) -> dict[str, Any]:
         image = container.get("image", "")
@@ -395,6 +434,8 @@ class _PodWorker:
     # ----- lifecycle --------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if not await self._admit():
+            return
         cfg = self.kubelet.config
         spec = self.pod.get("spec") or {}
         inits = spec.get("initContainers") or []
@@ -429,6 +470,7 @@ class _PodWorker:
                     break
                 if restart_policy == "Never":
                     self.phase = "Failed"
+                    self.kubelet.devices.release(self.node_name, self.uid)
                     self.mark()
                     return
                 status["restartCount"] += 1
@@ -441,7 +483,28 @@ class _PodWorker:
             loops = [self._container_loop(i, c, restart_policy) for i, c in enumerate(containers)]
             codes = list(await asyncio.gather(*loops))
         self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
+        # A finished pod's devices are free for others (the kubelet frees inactive pods').
+        self.kubelet.devices.release(self.node_name, self.uid)
         self.mark()
+
+    async def _admit(self) -> bool:
+        """Device-plugin admission, before anything of the pod starts: each container's
+        devices are allocated, or the pod is rejected (Failed) as the kubelet rejects it."""
+        spec = self.pod.get("spec") or {}
+        containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+        # A pod with a runner may be a device plugin: its node's kubelet.sock must be there.
+        start = any(self.kubelet.runner_for(self.pod, c) is not None for c in containers)
+        try:
+            self.allocations = await self.kubelet.devices.admit(
+                self.node_name, self.pod, start=start
+            )
+        except AdmissionError as exc:
+            self.rejected = (exc.reason, exc.message)
+            self.phase = "Failed"
+            self.event("Warning", exc.reason, exc.message)
+            self.mark()
+            return False
+        return True
 
     async def _mount_volumes(self) -> None:
         """Set up the pod's volumes, retrying (with FailedMount Events) until all are there."""
@@ -525,6 +588,7 @@ class _PodWorker:
             await asyncio.sleep(cfg.delay(cfg.start_delay))
         if self.volumes is not None:
             self.volumes.prepare_container(container, resolve_env(self.pod, container))
+        await self._pre_start(container, status, field_path)
         suffix = "i" if init else ""
         status["containerID"] = (
             f"containerd://{self.uid[:8]}{index:04d}{status['restartCount']:04d}{suffix}"
@@ -536,8 +600,39 @@ class _PodWorker:
         self.event("Normal", "Started", "Container started", field_path)
         return started_at
 
-    @staticmethod
-    def _terminated(code: int, started_at: str, status: dict[str, Any]) -> dict[str, Any]:
+    async def _pre_start(
+        self, container: dict[str, Any], status: dict[str, Any], field_path: str
+    ) -> None:
+        """PreStartContainer for the plugins that asked for it; until it succeeds the container
+        waits in CreateContainerConfigError, retried as the kubelet re-syncs a failed pod (every
+        `restart_delay`, its 10 s)."""
+        while True:
+            try:
+                await self.kubelet.devices.pre_start(self.node_name, self.uid, container)
+                return
+            except PreStartError as exc:
+                message = str(exc)
+            status["state"] = {
+                "waiting": {"reason": "CreateContainerConfigError", "message": message}
+            }
+            self.event("Warning", "Failed", f"Error: {message}", field_path)
+            self.mark()
+            cfg = self.kubelet.config
+            await asyncio.sleep(max(cfg.delay(cfg.restart_delay), 0.001))
+
+    def _terminated(self, code: int, started_at: str, status: dict[str, Any]) -> dict[str, Any]:
+        start_error = self.start_errors.pop(status.get("name", ""), None)
+        if start_error is not None:
+            # The process never started: runc's reason, and no start time (the epoch), as
+            # containerd reports it.
+            return {
+                "exitCode": code,
+                "reason": programs.START_ERROR_REASON,
+                "message": start_error,
+                "startedAt": "1970-01-01T00:00:00Z",
+                "finishedAt": now(),
+                "containerID": status["containerID"],
+            }
         return {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
@@ -633,9 +728,90 @@ class _PodWorker:
             and bool(container.get("command") or container.get("args"))
         )
 
+    def container_view(self, container: dict[str, Any], init: bool) -> programs.ContainerView:
+        """The container as its process sees it (environment with what device plugins added,
+        and its allocation), for registered programs and their predicates."""
+        env = resolve_env(self.pod, container)
+        allocation = self.allocations.get(container.get("name", ""))
+        if allocation is not None:
+            env = {**allocation.envs, **env}  # as for runners: the container's own win
+        return programs.ContainerView(
+            pod=self.pod,
+            container=container,
+            node_name=self.node_name,
+            env=env,
+            init=init,
+            allocation=allocation,
+        )
+
+    def _program_lookup(
+        self, container: dict[str, Any], init: bool
+    ) -> Callable[[list[str]], ExecFunction | None]:
+        """How `kubectl exec` finds registered programs in this container."""
+
+        def lookup(argv: list[str]) -> ExecFunction | None:
+            registration = self.kubelet.programs.lookup(argv[0])
+            if registration is None:
+                return None
+            view = self.container_view(container, init)
+            if not registration.present_in(view):
+                return None
+
+            async def run(proc: ExecProcess) -> int | None:
+                return await registration.program(
+                    programs.ProgramRun(
+                        argv=list(proc.argv),
+                        view=view,
+                        stdout=proc.stdout,
+                        stderr=proc.stderr,
+                        stdin=proc.stdin,
+                        tty=proc.tty,
+                        exec=True,
+                    )
+                )
+
+            return run
+
+        return lookup
+
+    async def _run_installed(
+        self, container: dict[str, Any], init: bool, instance: ContainerInstance
+    ) -> int | None:
+        """Run the container's command when it names a registered program (None otherwise):
+        present, it runs with the container log as its output; absent, the container fails to
+        start as with a missing executable."""
+        argv = programs.container_argv(container)
+        registration = self.kubelet.programs.lookup(argv[0]) if argv else None
+        if registration is None:
+            return None
+        view = self.container_view(container, init)
+        if not registration.present_in(view):
+            message = programs.start_error_message(argv[0])
+            self.start_errors[container.get("name", "")] = message
+            self.event("Warning", "Failed", f"Error: {message}", self._field_path(container, init))
+            return programs.START_ERROR_EXIT
+        run = programs.ProgramRun(
+            argv=argv,
+            view=view,
+            stdout=instance.stdout,
+            stderr=instance.stderr,
+            stdin=instance.stdin,
+            tty=bool(container.get("tty")),
+        )
+        try:
+            return int(await registration.program(run) or 0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("program %s in %s/%s failed", argv[0], *self.key)
+            for line in traceback.format_exc().splitlines():
+                instance.write_log(line, "stderr")
+            return 1
+
     async def _run_container(self, container: dict[str, Any], init: bool) -> int:
         # Each run is a new instance: its own log (the previous run's is kept), stdin and ports.
         instance = self.kubelet.runtime.start(self.uid, container, "")
+        instance.program_lookup = self._program_lookup(container, init)
         try:
             return await self._run_program(container, init, instance)
         finally:
@@ -647,6 +823,9 @@ class _PodWorker:
         cfg = self.kubelet.config
         registration = self.kubelet.runner_for(self.pod, container)
         if registration is None:
+            installed = await self._run_installed(container, init, instance)
+            if installed is not None:
+                return installed
             if init:
                 if cfg.delay(cfg.init_container_duration):
                     await asyncio.sleep(cfg.delay(cfg.init_container_duration))
@@ -664,6 +843,11 @@ class _PodWorker:
         ctx.volumes = (
             self.volumes if self.volumes is not None and self.volumes.materialize else None
         )
+        allocation = self.allocations.get(ctx.container_name)
+        if allocation is not None:
+            ctx.allocation = allocation
+            # The runtime passes the plugins' variables first, so the container's own win.
+            ctx.env = {**allocation.envs, **ctx.env}
         self.contexts[ctx.container_name] = ctx
         runner = registration.runner
         # Logging records of the runner (and tasks it starts) belong to this container's log.
@@ -739,6 +923,9 @@ class _PodWorker:
         self.kubelet.untrack_volumes(self)
         if self.volumes is not None and not keep_volumes:
             self.volumes.teardown()
+        if not keep_volumes:
+            # The pod is gone (not merely its node down): its devices are free again.
+            self.kubelet.devices.release(self.node_name, self.uid)
         await self.kubelet.runtime.forget_pod(self.uid)
 
     def sync_ephemeral(self, pod: dict[str, Any]) -> None:
@@ -837,6 +1024,10 @@ class Kubelet(Controller):
         self._volume_users: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
         # Container instances (logs, stdin, exec handlers, served ports) for the streaming API.
         self.runtime = ContainerRuntime()
+        # Executables containers can run and exec (kubesim.programs); none by default.
+        self.programs = programs.ProgramRegistry()
+        # Per-node device managers (device plugins, pod resources), started when first needed.
+        self.devices = DeviceManagers(self)
 
     def start(self) -> None:
         super().start()
@@ -854,6 +1045,7 @@ class Kubelet(Controller):
         self.workers.clear()
         for task in list(self._stopping):
             task.cancel()
+        await self.devices.stop_all()
 
     # ----- registration -------------------------------------------------------------------------
 
@@ -972,6 +1164,7 @@ class Kubelet(Controller):
                 if bound.pod["spec"].get("nodeName") == key[1]:
                     self._discard(bound_key)
             self.images.pop(key[1], None)
+            self._spawn(self.devices.forget(key[1]))
             if self.filesystems is not None and self.store.peek(NODE_KEY, "", key[1]) is None:
                 self.filesystems.remove(key[1])
             return

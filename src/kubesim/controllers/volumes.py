@@ -7,7 +7,9 @@ atomic writer does: files in a timestamped `..<time>` directory, a `..data` syml
 swapped in one rename, and one `<name> -> ..data/<name>` link per top-level entry.
 
 Paths are resolved as in a chroot: symlinks are followed inside the root they belong to (absolute
-targets restart at that root, `..` stops at it), so nothing a runner writes can lead outside.
+targets restart at that root, `..` stops at it), so nothing a runner writes can lead outside. In a
+container path an absolute target inside a non-hostPath volume goes through the container's
+mounts again, as it would in the container's mount namespace.
 """
 
 from __future__ import annotations
@@ -73,8 +75,12 @@ class PathNotMounted(FileNotFoundError):
     """A container path that no volumeMount covers (kubesim simulates no image filesystem)."""
 
 
-def resolve_within(root: Path, path: str) -> Path:
-    """`path` (absolute or relative) inside `root`, following symlinks as a chroot would."""
+def resolve_within(root: Path, path: str, *, absolute: Callable[[str], Path] | None = None) -> Path:
+    """`path` (absolute or relative) inside `root`, following symlinks as a chroot would.
+
+    With `absolute`, a symlink whose target is absolute leaves `root`: the rest of the path
+    (target first) is handed to it, as a container resolves such links in its own namespace.
+    """
     pending = deque(p for p in path.split("/") if p not in ("", "."))
     parts: list[str] = []
     hops = 0
@@ -90,6 +96,8 @@ def resolve_within(root: Path, path: str) -> Path:
             if hops > MAX_SYMLINKS:
                 raise OSError(errno.ELOOP, "too many levels of symbolic links", str(candidate))
             target = os.readlink(candidate)
+            if target.startswith("/") and absolute is not None:
+                return absolute("/".join([target.rstrip("/"), *pending]))
             if target.startswith("/"):
                 parts = []
             pending.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
@@ -522,9 +530,19 @@ class PodVolumes:
     # ----- paths ----------------------------------------------------------------------------
 
     def path(
-        self, container: dict[str, Any], env: dict[str, str], path: str, *, write: bool = False
+        self,
+        container: dict[str, Any],
+        env: dict[str, str],
+        path: str,
+        *,
+        write: bool = False,
+        _links: int = 0,
     ) -> Path:
-        """A container path on this machine, through the container's volumeMounts."""
+        """A container path on this machine, through the container's volumeMounts. An absolute
+        symlink inside a non-hostPath volume (e.g. `/config/config.yaml -> /available-configs/x`
+        in an emptyDir) is followed through the mounts again, as in the container's namespace."""
+        if _links > MAX_SYMLINKS:
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
         wanted = posixpath.normpath("/" + path.lstrip("/"))
         best: tuple[int, dict[str, Any]] | None = None
         for index, mount in enumerate(container.get("volumeMounts") or []):
@@ -557,7 +575,16 @@ class PodVolumes:
             if not rest:
                 return snapshot
             return resolve_within(snapshot, rest)
-        return resolve_within(volume.root, posixpath.join(volume.base, sub, rest))
+        if volume.kind == "hostPath":
+            # hostPath keeps chroot semantics at the node's root (node programs rely on it).
+            return resolve_within(volume.root, posixpath.join(volume.base, sub, rest))
+
+        def across_mounts(target: str) -> Path:
+            return self.path(container, env, target, write=write, _links=_links + 1)
+
+        return resolve_within(
+            volume.root, posixpath.join(volume.base, sub, rest), absolute=across_mounts
+        )
 
     def teardown(self) -> None:
         """Remove everything kept for this pod (emptyDirs, written volumes, subPath copies)."""

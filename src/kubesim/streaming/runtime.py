@@ -98,6 +98,7 @@ class ContainerInstance:
         "log",
         "name",
         "ports",
+        "program_lookup",
         "running",
         "spec",
         "stdin_once",
@@ -115,6 +116,8 @@ class ContainerInstance:
         self._stdin: asyncio.StreamReader | None = None
         self.stdin_once = bool(container.get("stdinOnce"))
         self.exec_handler: ExecHandler | None = None
+        # Programs installed in this container (kubesim.programs), set by the kubelet.
+        self.program_lookup: Callable[[list[str]], ExecFunction | None] | None = None
         self.ports: dict[int, tuple[str, int]] = {}
         self.running = True
         self._servers: list[Callable[[], Awaitable[None]]] = []
@@ -160,14 +163,21 @@ class ContainerInstance:
             self.stdin.feed_eof()
 
     def resolve_exec(self, argv: list[str]) -> ExecFunction | None:
-        """The handler for a command, or None when the program is missing."""
-        handler = self.exec_handler
-        if handler is None or not argv:
+        """The handler for a command, or None when the program is missing: the runner's entry
+        for that name first, then a registered program present in the container, then the
+        runner's catch-all handler."""
+        if not argv:
             return None
+        handler = self.exec_handler
         if isinstance(handler, Mapping):
             program = argv[0]
-            return handler.get(program) or handler.get(program.rsplit("/", 1)[-1])
-        return handler
+            found = handler.get(program) or handler.get(program.rsplit("/", 1)[-1])
+            if found is not None:
+                return found
+        installed = self.program_lookup(argv) if self.program_lookup is not None else None
+        if installed is not None:
+            return installed
+        return None if handler is None or isinstance(handler, Mapping) else handler
 
     async def serve_port(self, port: int, target: PortTarget) -> tuple[str, int]:
         """Serve a pod port from a local listener; returns the address kubesim connects to."""

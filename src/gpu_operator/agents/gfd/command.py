@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_operator import nvml
+from gpu_operator.agents import mock_backend
 from gpu_operator.agents import plugin_config as pc
 from gpu_operator.agents.gfd import output, runner
 from gpu_operator.agents.gfd import vgpu as gfd_vgpu
 from gpu_operator.agents.gfd.facts import VgpuFacts
-from gpu_operator.nvml import machines
 
 log = logging.getLogger("gpu_operator.agents.gfd")
 
@@ -80,17 +80,10 @@ def build_settings(o: Options) -> runner.Settings:
 def open_backend(o: Options, settings: runner.Settings) -> Callable[[], nvml.Nvml]:
     """A factory for the chosen NVML backend; fills in machine facts for mock machines."""
     if o.backend == "mock":
-        from gpu_operator.nvml import mock
-
-        if (o.machine is None) == (o.machine_file is None):
-            raise UsageError("--backend mock needs exactly one of --machine or --machine-file")
         try:
-            if o.machine is not None:
-                machine = mock.MockMachine.from_preset(o.machine, seed=o.seed)
-            else:
-                machine = mock.MockMachine.from_file(o.machine_file or "", seed=o.seed)
-        except (machines.UnknownMachine, machines.MachineFileError) as err:
-            raise UsageError(str(err.args[0])) from None
+            machine = mock_backend.machine(o.machine, o.machine_file, o.seed)
+        except mock_backend.MachineChoiceError as err:
+            raise UsageError(str(err)) from None
         if o.machine_type_file is None:
             settings.machine_type = machine.spec.product_name or "unknown"
         vg = machine.spec.vgpu

@@ -1,0 +1,316 @@
+"""Rolling driver upgrade figures: 1,000 nodes at maxParallelUpgrades 1, 10 and 100.
+
+Two measurements, figures only (nothing is asserted):
+
+* **modelled**: the controller's planner against `upgrade.simulate`'s clock (evict 30 s, driver
+  300 s, validator 60 s per node): rollout time against the ideal
+  `ceil(N / maxParallelUpgrades) x per-node time`, and the planner's own CPU time. This is how
+  long a real fleet would take with those per-node times.
+* **kubesim**: the upgrade reconciler (on the shared runtime, in this process) rolls a driver
+  DaemonSet image change through N kubesim nodes, each running one GPU pod, whose driver pod
+  becomes ready `--driver-seconds` after it starts. Wall time against the ideal, API requests per
+  upgraded node (everything the operator sent: node patches, evictions, pod deletes, events,
+  lists and watches), and stranded cordons (nodes left unschedulable, or still carrying our
+  cordon in their ledger) at the end. The whole clock is this process's: kubesim, its kubelet
+  and the operator share one event loop, so the wall time includes the simulator's own work.
+
+Run: .venv/bin/python bench/upgrade_bench.py [--nodes 1000] [--parallel 1 10 100]
+         [--kubesim-parallel 10 100] [--driver-seconds 0.5]
+(kubesim at maxParallelUpgrades 1 means 1,000 sequential node upgrades: add it with
+`--kubesim-parallel 1 10 100` when you have the time.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+import kubesim
+from gpu_operator import render as render_mod
+from gpu_operator import upgrade_plan
+from gpu_operator.api import crds
+from gpu_operator.controller import runtime
+from gpu_operator.controller import upgrade as upgrade_controller
+from gpu_operator.kube import client as kube_client
+from gpu_operator.nodes import ledger
+from gpu_operator.upgrade import simulate, states
+from kubesim import PodContext
+from kubesim.controllers.kubelet import KubeletConfig
+
+NAMESPACE = "gpu-operator"
+TIMING = simulate.Timing(eviction=30.0, driver_start=300.0, validation=60.0)
+DRIVER_CTR = "nvidia-driver-ctr"
+
+
+# ----- modelled ---------------------------------------------------------------------------------
+
+
+def modelled(nodes: int, parallel: int) -> dict[str, Any]:
+    # The same offline snapshot `gpu-operator upgrade plan -f ... --facts ...` builds.
+    facts = render_mod.parse_facts({"pools": [{"name": "gpu", "nodes": nodes}]})
+    work = upgrade_plan.UpgradeFacts.model_validate({"workloads": {"gpu": {"gpuPods": 1}}})
+    snap = upgrade_plan.offline_snapshot(_policy(parallel), facts, work)
+    started = time.process_time()
+    outcome = simulate.run(snap, TIMING)
+    cpu = time.process_time() - started
+    per_node = TIMING.per_node(precompiled=False, evicts=True, validates=True)
+    ideal = math.ceil(nodes / parallel) * per_node
+    done = sum(1 for r in outcome.nodes.values() if r.state == states.UPGRADE_DONE)
+    return {
+        "parallel": parallel,
+        "done": done,
+        "modelled_s": outcome.duration,
+        "ideal_s": ideal,
+        "ratio": outcome.duration / ideal,
+        "peak_in_progress": outcome.peak_in_progress,
+        "planner_passes": outcome.steps,
+        "planner_cpu_s": cpu,
+        "cpu_ms_per_pass": 1000 * cpu / outcome.steps,
+    }
+
+
+# ----- kubesim ----------------------------------------------------------------------------------
+
+
+def _policy(parallel: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": {
+            "operator": {},
+            "daemonsets": {},
+            "toolkit": {},
+            "devicePlugin": {},
+            "dcgmExporter": {},
+            "dcgm": {},
+            "nodeStatusExporter": {},
+            "gfd": {},
+            "driver": {
+                "repository": "nvcr.io/nvidia",
+                "image": "driver",
+                "version": "580.95.05",
+                "upgradePolicy": {
+                    "autoUpgrade": True,
+                    "maxParallelUpgrades": parallel,
+                    "maxUnavailable": "100%",
+                },
+            },
+        },
+    }
+
+
+def _daemonset(name: str, app: str, owner_uid: str, image: str, selector: dict[str, str]) -> Any:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {"app": app},
+            "ownerReferences": [
+                {
+                    "apiVersion": "nvidia.com/v1",
+                    "kind": "ClusterPolicy",
+                    "name": "cluster-policy",
+                    "uid": owner_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "selector": {"matchLabels": {"app": app}},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {
+                    "nodeSelector": selector,
+                    "containers": [
+                        {"name": DRIVER_CTR if app == states.DRIVER_APP else "main", "image": image}
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[str, Any]:
+    config = KubeletConfig(instant=True, lease_interval=None)
+    async with kubesim.Cluster(kubelet=config, node_filesystems=False) as sim:
+
+        async def driver(ctx: PodContext) -> None:
+            # The driver's build and load: ready a fixed time after it starts.
+            await asyncio.sleep(driver_seconds)
+            ctx.set_ready(True)
+            await ctx.stopping.wait()
+
+        sim.register_pod_runner(
+            driver, label_selector=f"app={states.DRIVER_APP}", reports_readiness=True
+        )
+        store = sim.store
+        store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
+        for crd in crds.all_crds().values():
+            store.create(crd)
+        gpu = "nvidia.com/gpu"
+        for i in range(nodes):
+            sim.add_node(
+                f"gpu-{i:04d}", labels={states.DRIVER_DEPLOY_LABEL: "true"}, capacity={gpu: "1"}
+            )
+        cp = store.create(_policy(parallel))
+        uid = cp["metadata"]["uid"]
+        deploy = {states.DRIVER_DEPLOY_LABEL: "true"}
+        store.create(
+            _daemonset(
+                "nvidia-driver-daemonset",
+                states.DRIVER_APP,
+                uid,
+                "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04",
+                deploy,
+            )
+        )
+        store.create(
+            _daemonset(states.VALIDATOR_APP, states.VALIDATOR_APP, uid, "validator:v1", deploy)
+        )
+        store.create(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "train", "namespace": "ml"},
+                "spec": {
+                    "replicas": nodes,
+                    "selector": {"matchLabels": {"app": "train"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "train"}},
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "cuda:13",
+                                    "resources": {"limits": {gpu: "1"}},
+                                }
+                            ]
+                        },
+                    },
+                },
+            }
+        )
+        client = kube_client.connect(str(sim.kubeconfig_path), timeout=60)
+        rt = runtime.Runtime(client, runtime.Settings(namespace=NAMESPACE))
+        reconciler = upgrade_controller.UpgradeReconciler(rt)
+        rt.register(reconciler)
+        task = asyncio.create_task(rt.run())
+
+        def all_done(image: str) -> bool:
+            listed = store.list("nodes")
+            if any(
+                (n["metadata"].get("labels") or {}).get(states.STATE_LABEL) != states.UPGRADE_DONE
+                for n in listed
+            ):
+                return False
+            pods = store.list("pods", NAMESPACE, label_selector=f"app={states.DRIVER_APP}")
+            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            return len(live) == nodes and all(
+                p["spec"]["containers"][0]["image"] == image for p in live
+            )
+
+        async def wait_until(done: Any, timeout: float) -> None:
+            # Polled: re-checking on every store change would cost more than what is measured.
+            deadline = time.monotonic() + timeout
+            while not done():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the rollout did not finish")
+                await asyncio.sleep(0.25)
+
+        try:
+            old = "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"
+            await wait_until(lambda: all_done(old), 600)
+            await sim.settle()
+            before = sim.stats.snapshot()
+            passes = reconciler.passes
+            planning = reconciler.planning_seconds
+            new = "nvcr.io/nvidia/driver:580.105.08-ubuntu22.04"
+            started = time.monotonic()
+            change = {"containers": [{"name": DRIVER_CTR, "image": new}]}
+            patch = {"spec": {"template": {"spec": change}}}
+            store.patch("daemonsets.apps", "nvidia-driver-daemonset", patch, NAMESPACE)
+            await wait_until(lambda: all_done(new), 7200)
+            wall = time.monotonic() - started
+            requests = sim.stats.since(before)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.close()
+        stranded = [
+            n["metadata"]["name"]
+            for n in store.list("nodes")
+            if (n.get("spec") or {}).get("unschedulable")
+            or ledger.CORDON in ledger.read(n["metadata"].get("annotations") or {})
+        ]
+        total = sum(requests.values())
+        by_kind: dict[str, int] = {}
+        for (verb, resource), count in requests.items():
+            key = f"{verb} {resource}"
+            by_kind[key] = by_kind.get(key, 0) + count
+        ideal = math.ceil(nodes / parallel) * driver_seconds
+        return {
+            "parallel": parallel,
+            "wall_s": wall,
+            "ideal_s": ideal,
+            "ratio": wall / ideal,
+            "overhead_per_batch_s": (wall - ideal) / math.ceil(nodes / parallel),
+            "requests_per_node": total / nodes,
+            "requests": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "planner_passes": reconciler.passes - passes,
+            "planning_ms_per_pass": 1000
+            * (reconciler.planning_seconds - planning)
+            / max(1, reconciler.passes - passes),
+            "stranded_cordons": len(stranded),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--parallel", type=int, nargs="*", default=[1, 10, 100])
+    parser.add_argument("--kubesim-parallel", type=int, nargs="*", default=[10, 100])
+    parser.add_argument("--driver-seconds", type=float, default=0.5)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, Any]]] = {"modelled": [], "kubesim": []}
+    for parallel in args.parallel:
+        row = modelled(args.nodes, parallel)
+        results["modelled"].append(row)
+        if not args.json:
+            print(
+                f"modelled  N={args.nodes} maxParallelUpgrades={parallel:<3}: "
+                f"{row['modelled_s'] / 3600:7.2f} h vs ideal {row['ideal_s'] / 3600:7.2f} h "
+                f"(x{row['ratio']:.3f}); {row['done']} done; peak in progress "
+                f"{row['peak_in_progress']}; {row['planner_passes']} planner passes at "
+                f"{row['cpu_ms_per_pass']:.1f} ms CPU each",
+                flush=True,
+            )
+    for parallel in args.kubesim_parallel:
+        row = asyncio.run(on_kubesim(args.nodes, parallel, args.driver_seconds))
+        results["kubesim"].append(row)
+        if not args.json:
+            top = ", ".join(f"{k} {v}" for k, v in list(row["requests"].items())[:6])
+            print(
+                f"kubesim   N={args.nodes} maxParallelUpgrades={parallel:<3}: "
+                f"{row['wall_s']:7.1f} s vs ideal {row['ideal_s']:7.1f} s (x{row['ratio']:.2f}, "
+                f"{row['overhead_per_batch_s']:.2f} s overhead per batch); "
+                f"{row['requests_per_node']:.1f} API requests per upgraded node ({top}); "
+                f"{row['planner_passes']} passes at {row['planning_ms_per_pass']:.0f} ms "
+                f"(snapshot and plan); stranded cordons: {row['stranded_cordons']}",
+                flush=True,
+            )
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,471 @@
+"""The ClusterPolicy reconciler: render every operand state, apply what changed, prune what is no
+longer wanted, and report status.
+
+One work key, `policy`: the oldest live ClusterPolicy is in charge. Node labels are the node
+labelling reconciler's (controller/nodelabels.py); this one hands it the label policy and counts
+the nodes still being labelled as not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpu_operator import api
+from gpu_operator.api import crds as crd_schema
+from gpu_operator.api import enablement, keys
+from gpu_operator.controller import facts as facts_mod
+from gpu_operator.controller.metrics import (
+    STATUS_ERROR,
+    STATUS_NO_POLICY,
+    STATUS_NOT_READY,
+    STATUS_READY,
+)
+from gpu_operator.controller.nodelabels import NodeLabels
+from gpu_operator.controller.runtime import OWNED_KINDS, Reconciler, Request, Runtime, Watch
+from gpu_operator.kube import resources
+from gpu_operator.kube.writer import needs_write
+from gpu_operator.nodes import labelling
+from gpu_operator.operands import readiness, registry
+from gpu_operator.operands.facts import ClusterFacts
+from gpu_operator.status import conditions, summary
+
+log = logging.getLogger(__name__)
+
+POLICY_KEY = "policy"
+SERVICEMONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+PROMETHEUSRULE_CRD = "prometheusrules.monitoring.coreos.com"
+OPTIONAL_OWNED_KINDS = (
+    ("monitoring.coreos.com/v1", "ServiceMonitor", SERVICEMONITOR_CRD),
+    ("monitoring.coreos.com/v1", "PrometheusRule", PROMETHEUSRULE_CRD),
+)
+OUR_CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com")
+PSA_LABELS = {
+    f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")
+}
+DRIVER_DS_PREFIXES = ("nvidia-driver-daemonset", "nvidia-vgpu-manager-daemonset")
+
+# Caches every reconciler may read, created by the runtime's owner (controller/operator.py).
+POLICIES = "clusterpolicies"
+NODES = "nodes"
+PODS = "pods"
+REVISIONS = "revisions"
+CRDS = "crds"
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ref(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata") or {}
+    return (
+        str(obj.get("apiVersion")),
+        str(obj.get("kind")),
+        str(meta.get("namespace") or ""),
+        str(meta.get("name")),
+    )
+
+
+def _created(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("creationTimestamp") or ""), str(meta.get("name") or ""))
+
+
+def active_policy(policies: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ClusterPolicy in charge: the oldest one not being deleted."""
+    live = [p for p in policies if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    return min(live, key=_created) if live else None
+
+
+def outdated_crds(crds: Mapping[str, dict[str, Any]]) -> list[crd_schema.InstalledSchema]:
+    """Our CRDs whose installed schema is older than the operator's."""
+    schemas = (crd_schema.installed_schema(c) for n, c in crds.items() if n in OUR_CRDS)
+    return [schema for schema in schemas if schema.older]
+
+
+def cluster_facts(rt: Runtime) -> ClusterFacts:
+    """The renderers' cluster facts, from the shared caches."""
+    caches = rt.caches
+    crds = caches[CRDS].objects
+    config_maps = caches.owned("v1", "ConfigMap")
+    maps = config_maps.objects.values() if config_maps is not None else []
+    return facts_mod.from_nodes(
+        caches[NODES].objects.values(),
+        namespace=rt.settings.namespace,
+        operator_env=rt.settings.operator_env,
+        has_servicemonitor_crd=SERVICEMONITOR_CRD in crds,
+        has_prometheusrule_crd=PROMETHEUSRULE_CRD in crds,
+        config_map_keys={cm["metadata"]["name"]: tuple(cm["keys"]) for cm in maps},
+        config_map_data={cm["metadata"]["name"]: cm["data"] for cm in maps if cm.get("data")},
+    )
+
+
+def without_times(status: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(status)
+    out["conditions"] = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"}
+        for c in status.get("conditions") or []
+    ]
+    return out
+
+
+def index_by_owner(
+    pods: Iterable[readiness.PodSummary], revisions: Iterable[dict[str, Any]]
+) -> dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]]:
+    """Pod summaries and ControllerRevisions grouped by the uid of their owner."""
+    index: dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]] = {}
+    for pod in pods:
+        for uid in pod.owner_uids:
+            index.setdefault(uid, ([], []))[0].append(pod)
+    for revision in revisions:
+        for owner in (revision.get("metadata") or {}).get("ownerReferences") or []:
+            index.setdefault(str(owner.get("uid")), ([], []))[1].append(revision)
+    return index
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    if not uid:
+        return False
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid for r in refs)
+
+
+class ClusterPolicyReconciler(Reconciler):
+    """Renders, applies, prunes and reports for the active ClusterPolicy."""
+
+    prefix = POLICY_KEY
+
+    def __init__(self, rt: Runtime, nodes: NodeLabels) -> None:
+        self.rt = rt
+        self.nodes = nodes
+        self.caches = rt.caches
+        self.metrics = rt.metrics
+        self.active_uid: str | None = None
+        self._last_state_outcomes: dict[str, str] = {}
+        self._last_failures: dict[str, str] = {}
+        self._psa_labelled = False
+        nodes.on_settled = self._poke
+        # Most watch events ask for the same debounced pass: one shared answer.
+        self._debounced = (Request(POLICY_KEY, rt.settings.status_debounce),)
+
+    # ----- events ------------------------------------------------------------------------------
+
+    def watches(self) -> list[Watch]:
+        status = [
+            Watch(PODS, self._on_status),
+            Watch(REVISIONS, self._on_status),
+            *(Watch(f"owned:{v}/{k}", self._on_status) for v, k in OWNED_KINDS),
+        ]
+        return [
+            Watch(POLICIES, self._on_policy),
+            Watch(NODES, self._on_node),
+            Watch(CRDS, self._on_crd),
+            *status,
+        ]
+
+    def initial(self) -> list[Request]:
+        return [Request(POLICY_KEY)]
+
+    def _poke(self) -> None:
+        self.rt.enqueue(POLICY_KEY, self.rt.settings.status_debounce)
+
+    def _on_policy(self, key: str, old: Any, new: Any) -> list[Request]:
+        if old is not None and new is not None:
+            same_spec = old.get("spec") == new.get("spec")
+            same_meta = (old.get("metadata") or {}).get("deletionTimestamp") == (
+                new.get("metadata") or {}
+            ).get("deletionTimestamp")
+            if same_spec and same_meta:
+                return []  # our own status writes come back as events; nothing to do
+        return [Request(POLICY_KEY)]
+
+    def _on_node(self, key: str, old: Any, new: Any) -> tuple[Request, ...]:
+        if old == new or _facts_input(old) == _facts_input(new):
+            return ()
+        return self._debounced
+
+    def _on_status(self, key: str, old: Any, new: Any) -> tuple[Request, ...]:
+        return self._debounced if old != new else ()
+
+    def _on_crd(self, key: str, old: Any, new: Any) -> list[Request]:
+        for api_version, kind, crd in OPTIONAL_OWNED_KINDS:
+            if key == crd and new is not None and self.caches.owned(api_version, kind) is None:
+                informer = self.caches.add_owned(api_version, kind)
+                self.rt.watch(f"owned:{api_version}/{kind}", self._on_status)
+                log.info("watching %s (its CRD appeared)", informer.kind)
+        if key in (SERVICEMONITOR_CRD, PROMETHEUSRULE_CRD, *OUR_CRDS):
+            return [Request(POLICY_KEY)]
+        return []
+
+    def failed(self, key: str, err: Exception) -> None:
+        self.metrics.failed.inc()
+        self.metrics.status.set(STATUS_ERROR)
+
+    # ----- reconcile ---------------------------------------------------------------------------
+
+    def active_policy(self) -> dict[str, Any] | None:
+        return active_policy(self.caches[POLICIES].objects.values())
+
+    def cluster_facts(self) -> ClusterFacts:
+        return cluster_facts(self.rt)
+
+    async def _patch_status(self, policy: dict[str, Any], status: dict[str, Any]) -> None:
+        current = policy.get("status") or {}
+        if without_times(current) == without_times(status):
+            return
+        await self.rt.writer.patch_status(
+            resources.CLUSTER_POLICY, policy["metadata"]["name"], status
+        )
+
+    async def reconcile(self, key: str) -> None:
+        """Render, apply, prune and report for the active ClusterPolicy."""
+        self.metrics.total.inc()
+        namespace = self.rt.settings.namespace
+        writer = self.rt.writer
+        active = self.active_policy()
+        if active is None:
+            self.active_uid = None
+            self.nodes.set_policy(None)
+            self.metrics.status.set(STATUS_NO_POLICY)
+            return
+        name = active["metadata"]["name"]
+        for other in self.caches[POLICIES].objects.values():
+            if other is not active and (other.get("status") or {}).get("state") != "ignored":
+                status = summary.ignored(
+                    active=name, namespace=namespace, now=now(),
+                    generation=(other.get("metadata") or {}).get("generation"),
+                )  # fmt: skip
+                await writer.patch_status(
+                    resources.CLUSTER_POLICY, other["metadata"]["name"], status
+                )
+        generation = (active.get("metadata") or {}).get("generation")
+        outdated = outdated_crds(self.caches[CRDS].objects)
+        if outdated:
+            message = "; ".join(schema.message for schema in outdated)
+            log.error("refusing to reconcile: %s", message)
+            before = (active.get("status") or {}).get("conditions") or []
+            if not any(c.get("reason") == conditions.CRD_OUTDATED for c in before):
+                await writer.event(
+                    active, reason=conditions.CRD_OUTDATED, type_="Warning", message=message
+                )
+            await self._patch_status(
+                active,
+                summary.refused(
+                    conditions.CRD_OUTDATED, message, namespace=namespace,
+                    now=now(), generation=generation, previous=active.get("status"),
+                ),
+            )  # fmt: skip
+            self.metrics.status.set(STATUS_ERROR)
+            return
+        checked = api.check_document(active)
+        if not checked.ok or not isinstance(checked.obj, api.ClusterPolicy):
+            problems = [str(p) for p in checked.errors]
+            log.warning("ClusterPolicy %s is invalid: %s", name, "; ".join(problems))
+            await self._patch_status(
+                active,
+                summary.invalid(
+                    problems,
+                    namespace=namespace,
+                    now=now(),
+                    generation=generation,
+                    previous=active.get("status"),
+                ),
+            )
+            self.metrics.status.set(STATUS_ERROR)
+            return
+        policy = checked.obj
+        self.active_uid = active["metadata"].get("uid")
+        self.nodes.set_policy(labelling.LabelPolicy.from_policy(policy))
+        if enablement.is_enabled(policy.spec, "psa") and not self._psa_labelled:
+            await writer.patch_namespace_labels(namespace, PSA_LABELS)
+            self._psa_labelled = True
+        # Taken before the facts: node work finishing during this pass must not make the
+        # facts we rendered from look complete.
+        pending = sorted(self.nodes.pending)
+        facts = self.cluster_facts()
+        reports = await self._sync_states(policy, active, facts)
+        if pending:
+            shown = ", ".join(pending[:3]) + (
+                f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+            )
+            reports.insert(
+                0, summary.StateReport("node-labelling", "notReady", f"labelling {shown}")
+            )
+        status = summary.build(
+            reports,
+            summary.ClusterView(
+                has_nfd=facts.has_nfd,
+                gpu_nodes=facts.gpu_node_count,
+                label_conflicts=sum(len(c) for c in self.nodes.conflicts.values()),
+            ),
+            namespace=namespace,
+            now=now(),
+            generation=generation,
+            previous=active.get("status"),
+        )
+        await self._report_transitions(active, reports)
+        await self._patch_status(active, status)
+        ready = status["state"] == "ready"
+        self.metrics.status.set(STATUS_READY if ready else STATUS_NOT_READY)
+        self.metrics.gpu_nodes.set(facts.gpu_node_count)
+        self.metrics.has_nfd.set(1 if facts.has_nfd else 0)
+        label_policy = self.nodes.label_policy
+        self.metrics.auto_upgrade.set(1 if label_policy and label_policy.upgrade_annotation else 0)
+        if ready:
+            self.metrics.last_success.set(time.time())
+
+    def _owner_reference(self, active: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "name": active["metadata"]["name"],
+            "uid": active["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    async def _sync_states(
+        self, policy: api.ClusterPolicy, active: dict[str, Any], facts: ClusterFacts
+    ) -> list[summary.StateReport]:
+        owner = self._owner_reference(active)
+        reports: list[summary.StateReport] = []
+        desired: set[tuple[str, str, str, str]] = set()
+        keep_states: set[str] = set()
+        to_write: list[dict[str, Any]] = []
+        daemonsets: dict[str, list[dict[str, Any]]] = {}
+        for state in registry.render_all(policy, facts):
+            if state.error is not None:
+                keep_states.add(state.name)  # a failed render never deletes what runs
+                if facts.gpu_node_count == 0:
+                    # Upstream renders nothing without GPU nodes; facts such as the OS come from
+                    # GPU nodes, so a render failure now is not an error yet.
+                    message = f"nothing to deploy without GPU nodes ({state.error})"
+                    reports.append(summary.StateReport(state.name, "ready", message))
+                else:
+                    reports.append(summary.StateReport(state.name, "failed", state.error))
+                continue
+            if not state.enabled:
+                reports.append(summary.StateReport(state.name, "disabled"))
+                continue
+            for obj in state.objects:
+                if obj.get("kind") == "DaemonSet" and facts.gpu_node_count == 0:
+                    continue  # upstream: no GPU node, no DaemonSet, state counts as ready
+                if self.caches.owned(str(obj.get("apiVersion")), str(obj.get("kind"))) is None:
+                    continue  # e.g. a ServiceMonitor whose CRD is not installed
+                obj.setdefault("metadata", {})["ownerReferences"] = [owner]
+                desired.add(ref(obj))
+                if needs_write(obj, self.caches.live(obj)):
+                    to_write.append(obj)
+                if obj.get("kind") == "DaemonSet":
+                    daemonsets.setdefault(state.name, []).append(obj)
+            reports.append(summary.StateReport(state.name, "ready"))
+        for obj in to_write:
+            log.debug("applying %s %s", obj.get("kind"), ref(obj)[3])
+        await asyncio.gather(*(self.rt.write(obj) for obj in to_write))
+        written = {ref(obj) for obj in to_write}
+        await self._prune(
+            desired, keep_states, crd_mode=bool(policy.spec.driver.useNvidiaDriverCRD)
+        )
+        by_owner = index_by_owner(
+            self.caches[PODS].objects.values(), self.caches[REVISIONS].objects.values()
+        )
+        return [self._readiness(r, daemonsets.get(r.name, []), written, by_owner) for r in reports]
+
+    def _readiness(
+        self,
+        report: summary.StateReport,
+        daemonsets: list[dict[str, Any]],
+        written: set[tuple[str, str, str, str]],
+        by_owner: dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]],
+    ) -> summary.StateReport:
+        if report.outcome != "ready":
+            return report
+        problems: list[str] = []
+        for ds in daemonsets:
+            name = ds["metadata"]["name"]
+            if ref(ds) in written:
+                problems.append(f"{name}: rolling out the new spec")
+                continue
+            live = self.caches.live(ds)
+            if live is None:
+                problems.append(f"{name}: not created yet")
+                continue
+            pods, revisions = by_owner.get(str(live["metadata"].get("uid")), ([], []))
+            verdict = readiness.daemonset_readiness(live, pods, revisions)
+            if not verdict.ready:
+                problems.append(verdict.reason or f"{name}: not ready")
+        if problems:
+            return summary.StateReport(report.name, "notReady", "; ".join(problems))
+        return report
+
+    async def _prune(
+        self, desired: set[tuple[str, str, str, str]], keep_states: set[str], *, crd_mode: bool
+    ) -> None:
+        doomed: list[tuple[dict[str, Any], bool]] = []
+        for api_version, kind in self.caches.owned_kinds():
+            informer = self.caches.owned(api_version, kind)
+            assert informer is not None
+            for obj in informer.objects.values():
+                meta = obj.get("metadata") or {}
+                state = (meta.get("labels") or {}).get(keys.OPERATOR_STATE_LABEL)
+                if state in keep_states or ref(obj) in desired:
+                    continue
+                if not _owned_by(obj, self.active_uid):
+                    continue  # not created by the active policy: not ours to delete
+                orphan = (
+                    crd_mode
+                    and obj.get("kind") == "DaemonSet"
+                    and str(meta.get("name")).startswith(DRIVER_DS_PREFIXES)
+                )
+                doomed.append((obj, orphan))
+        for obj, orphan in doomed:
+            log.info("deleting %s %s (no longer wanted)", obj.get("kind"), ref(obj)[3])
+            await self.rt.writer.delete(obj, orphan=orphan)
+
+    async def _report_transitions(
+        self, active: dict[str, Any], reports: list[summary.StateReport]
+    ) -> None:
+        writer = self.rt.writer
+        for report in reports:
+            before = self._last_state_outcomes.get(report.name)
+            self._last_state_outcomes[report.name] = report.outcome
+            if report.outcome == "failed":
+                # Every new reason is news, also on the first pass (e.g. a bad ConfigMap that was
+                # there before the operator started) and when one failure replaces another.
+                if self._last_failures.get(report.name) != report.message:
+                    self._last_failures[report.name] = report.message
+                    message = report.message
+                    if not message.startswith(report.name):
+                        message = f"{report.name}: {message}"
+                    await writer.event(
+                        active, reason="StateFailed", type_="Warning", message=message
+                    )
+                continue
+            self._last_failures.pop(report.name, None)
+            if before is None or before == report.outcome:
+                continue
+            if report.outcome == "ready" and before in ("notReady", "failed"):
+                await writer.event(active, reason="StateReady", message=f"{report.name} is ready")
+
+
+def _facts_input(node: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What the cluster facts read from a node: a change elsewhere does not re-render."""
+    if node is None:
+        return ()
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return (
+        labels.get(keys.GPU_PRESENT),
+        node.get("nfd"),
+        labels.get(keys.NFD_OS_ID),
+        labels.get(keys.NFD_OS_VERSION_ID),
+        labels.get(keys.NFD_KERNEL_FULL),
+        facts_mod.runtime_of(node),
+    )
+
+
+__all__ = ["ClusterPolicyReconciler", "active_policy", "index_by_owner"]

@@ -1,0 +1,333 @@
+"""The runtime the reconcilers share: caches, one work queue, writer, leader election, metrics.
+
+One reconciler per kind (controller/clusterpolicy.py, nodelabels.py, nvidiadriver.py, ...), as in
+cluster-api: each declares which caches it watches and how their events map to its work keys, and
+reconciles one key at a time; decisions stay in the pure packages. The runtime owns everything
+they share, so a cache is listed and watched once however many reconcilers read it.
+
+Adding a reconciler (for example driver upgrades) is a new module plus one registration line in
+controller/operator.py:
+
+    class UpgradeReconciler(runtime.Reconciler):
+        prefix = "driver-upgrade"                      # its keys: "driver-upgrade[/...]"
+
+        def __init__(self, rt: runtime.Runtime) -> None:
+            self.rt = rt
+            rt.caches.add("gpu-pods", resources.POD, transform=...)   # a cache of its own, if any
+
+        def watches(self) -> list[runtime.Watch]:
+            return [runtime.Watch("nodes", self._on_node)]            # shared caches by name
+
+        def _on_node(self, key, old, new) -> Iterable[runtime.Request]:
+            return [runtime.Request("driver-upgrade")] if ... else []
+
+        async def reconcile(self, key: str) -> None:
+            ...  # read self.rt.caches, plan with upgrade/, write through self.rt.writer
+
+    rt.register(UpgradeReconciler(rt))                     # in Operator.__init__
+
+Keys are strings whose first `/`-separated part is the reconciler's prefix; the queue coalesces
+them and never hands one key to two workers. A failed reconcile is retried with backoff. Events
+are recorded through `rt.writer.event`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from gpu_operator.api import keys
+from gpu_operator.controller import strip
+from gpu_operator.controller.metrics import OperatorMetrics
+from gpu_operator.kube import resources
+from gpu_operator.kube.cache import Informer, Transform
+from gpu_operator.kube.client import AsyncClient
+from gpu_operator.kube.leader import LeaderElector
+from gpu_operator.kube.queue import WorkQueue
+from gpu_operator.kube.writer import Writer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Settings:
+    """How the operator runs (from flags and env)."""
+
+    namespace: str
+    identity: str = "gpu-operator"
+    leader_elect: bool = False
+    operator_env: Mapping[str, str] = field(default_factory=dict)
+    status_debounce: float = 0.2
+    write_concurrency: int = 16
+    workers: int = 8
+
+
+class Request(NamedTuple):
+    """A work key to queue, now or after `after` seconds (an earlier pending time wins)."""
+
+    key: str
+    after: float = 0.0
+
+
+Mapper = Callable[[str, Any, Any], Iterable[Request]]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A reconciler's interest in one shared cache: `map(key, old, new)` returns the requests an
+    event causes (`old` is None for additions, `new` None for deletions)."""
+
+    cache: str
+    map: Mapper
+
+
+class Reconciler:
+    """One kind's reconciler. Subclasses set `prefix` and implement `watches` and `reconcile`."""
+
+    prefix: str = ""
+
+    def watches(self) -> Iterable[Watch]:
+        return ()
+
+    def initial(self) -> Iterable[Request]:
+        """What to queue when this replica starts working (after the caches synced)."""
+        return ()
+
+    async def reconcile(self, key: str) -> None:
+        raise NotImplementedError
+
+    def failed(self, key: str, err: Exception) -> None:
+        """Called after a failed reconcile (it is retried); for metrics."""
+
+
+# Kinds the operand renderers produce; objects of these kinds carrying the state label are
+# cached (and, for their owner, prunable).
+OWNED_KINDS = (
+    ("node.k8s.io/v1", "RuntimeClass"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("apps/v1", "DaemonSet"),
+)
+
+
+def owned_name(api_version: str, kind: str) -> str:
+    """The cache name of an owned kind, e.g. `owned:apps/v1/DaemonSet`."""
+    return f"owned:{api_version}/{kind}"
+
+
+class Caches:
+    """The shared, watch-fed caches, by name. Events fan out to the runtime's dispatcher."""
+
+    def __init__(self, client: AsyncClient, namespace: str, dispatch: Callable[..., None]) -> None:
+        self.client = client
+        self.namespace = namespace
+        self._dispatch = dispatch
+        self.informers: dict[str, Informer] = {}
+        self._running: list[asyncio.Task[None]] | None = None
+
+    def add(
+        self,
+        name: str,
+        resource: Any,
+        *,
+        namespace: str | None = None,
+        labels: dict[str, Any] | None = None,
+        transform: Transform | None = None,
+    ) -> Informer:
+        """A cache (created once per name; later calls return the existing one). Added while the
+        runtime runs, it starts at once."""
+        if name in self.informers:
+            return self.informers[name]
+        informer = Informer(
+            self.client,
+            resource,
+            namespace=namespace,
+            labels=labels,
+            transform=transform,
+            on_change=functools.partial(self._dispatch, name),
+        )
+        self.informers[name] = informer
+        if self._running is not None:
+            self._running.append(asyncio.create_task(informer.run()))
+        return informer
+
+    def __getitem__(self, name: str) -> Informer:
+        return self.informers[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.informers
+
+    def add_owned(self, api_version: str, kind: str) -> Informer:
+        """The cache of one operand kind in the operator namespace, labelled with a state."""
+        info = resources.kind_of(api_version, kind)
+        # ConfigMaps are watched whole in the namespace: the driver mounts the user's ConfigMaps
+        # key by key, so the renderers need their keys too. Pruning still only touches objects
+        # their owner made.
+        labels = None if kind == "ConfigMap" else {keys.OPERATOR_STATE_LABEL: None}
+        return self.add(
+            owned_name(api_version, kind),
+            resources.resource(api_version, kind),
+            namespace=self.namespace if info.namespaced else None,
+            labels=labels,
+            transform=strip.owned,
+        )
+
+    def owned(self, api_version: str, kind: str) -> Informer | None:
+        return self.informers.get(owned_name(api_version, kind))
+
+    def owned_kinds(self) -> list[tuple[str, str]]:
+        """The (apiVersion, kind) of every owned-kind cache, in the order they were added."""
+        prefix = "owned:"
+        found = []
+        for name in self.informers:
+            if name.startswith(prefix):
+                api_version, _, kind = name.removeprefix(prefix).rpartition("/")
+                found.append((api_version, kind))
+        return found
+
+    def live(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The cached copy of an object the renderers produce, by kind, namespace and name."""
+        informer = self.owned(str(obj.get("apiVersion")), str(obj.get("kind")))
+        if informer is None:
+            return None
+        meta = obj.get("metadata") or {}
+        found: dict[str, Any] | None = informer.get(str(meta.get("name")), meta.get("namespace"))
+        return found
+
+    def start(self) -> list[asyncio.Task[None]]:
+        self._running = [asyncio.create_task(i.run()) for i in self.informers.values()]
+        return self._running
+
+    async def synced(self) -> None:
+        await asyncio.gather(*(i.synced.wait() for i in list(self.informers.values())))
+
+
+class Runtime:
+    """Runs registered reconcilers over shared caches, one queue and several workers."""
+
+    def __init__(self, client: AsyncClient, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.writer = Writer(client, namespace=settings.namespace)
+        self.queue = WorkQueue()
+        self.metrics = OperatorMetrics()
+        self.elector = (
+            LeaderElector(client, namespace=settings.namespace, identity=settings.identity)
+            if settings.leader_elect
+            else None
+        )
+        self.caches = Caches(client, settings.namespace, self._dispatch)
+        self.reconcilers: dict[str, Reconciler] = {}
+        self._watches: dict[str, list[Mapper]] = {}
+        self.ready = asyncio.Event()
+        self.write_slots = asyncio.Semaphore(settings.write_concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ----- wiring ------------------------------------------------------------------------------
+
+    def register(self, reconciler: Reconciler) -> None:
+        """Add a reconciler: its keys start with its prefix; its watches name shared caches."""
+        if not reconciler.prefix or reconciler.prefix in self.reconcilers:
+            raise ValueError(f"reconciler prefix {reconciler.prefix!r} is empty or taken")
+        self.reconcilers[reconciler.prefix] = reconciler
+        for watch in reconciler.watches():
+            if watch.cache not in self.caches:
+                raise KeyError(f"{reconciler.prefix} watches unknown cache {watch.cache!r}")
+            self._watches.setdefault(watch.cache, []).append(watch.map)
+
+    def watch(self, cache: str, mapper: Mapper) -> None:
+        """Subscribe to a cache added after registration (for example an optional CRD's kind)."""
+        self._watches.setdefault(cache, []).append(mapper)
+
+    def enqueue(self, key: str, after: float = 0.0) -> None:
+        if after > 0:
+            self.queue.add_after(key, after)
+        else:
+            self.queue.add(key)
+
+    def _dispatch(self, cache: str, key: str, old: Any, new: Any) -> None:
+        # Every watch event of every cache passes here: kept to plain loops.
+        mappers = self._watches.get(cache)
+        if not mappers:
+            return
+        queue = self.queue
+        for mapper in mappers:
+            for request_key, after in mapper(key, old, new):
+                if after > 0:
+                    queue.add_after(request_key, after)
+                else:
+                    queue.add(request_key)
+
+    # ----- running -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start caches, wait for them, then (as leader when electing) work until cancelled."""
+        self._tasks = self.caches.start()
+        try:
+            await self.caches.synced()
+            self.ready.set()
+            if self.elector is not None:
+                self._tasks.append(asyncio.create_task(self.elector.run()))
+                await self.elector.is_leader.wait()
+            for reconciler in self.reconcilers.values():
+                for request in reconciler.initial():
+                    self.enqueue(request.key, request.after)
+            await self._work_all()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.elector is not None:
+                await self.elector.release()
+
+    async def _work_all(self) -> None:
+        """Several workers drain the queue; the queue never hands one key to two of them."""
+        workers = [asyncio.create_task(self._work()) for _ in range(self.settings.workers)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    def _owner(self, key: str) -> Reconciler | None:
+        return self.reconcilers.get(key.split("/", 1)[0])
+
+    async def _work(self) -> None:
+        lost = asyncio.create_task(self.elector.lost.wait()) if self.elector else None
+        while True:
+            getter = asyncio.create_task(self.queue.get())
+            waiting: set[asyncio.Task[Any]] = {getter, *([lost] if lost else [])}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if lost is not None and lost in done:
+                getter.cancel()
+                raise RuntimeError("lost the leader lease; exiting so a standby can take over")
+            key = getter.result()
+            reconciler = self._owner(key)
+            try:
+                if reconciler is None:
+                    log.error("no reconciler for work key %s; dropped", key)
+                else:
+                    await reconciler.reconcile(key)
+                self.queue.forget(key)
+            except Exception as err:
+                delay = self.queue.retry(key)
+                log.warning("reconcile of %s failed: %s; retrying in %.1fs", key, err, delay)
+                if reconciler is not None:
+                    reconciler.failed(key, err)
+            finally:
+                self.queue.done(key)
+
+    async def write(self, obj: dict[str, Any]) -> None:
+        """Server-side apply through the writer, at most `write_concurrency` at a time."""
+        async with self.write_slots:
+            await self.writer.apply(obj)

@@ -1,0 +1,1 @@
+"""Device-plugin API of the kubelet."""

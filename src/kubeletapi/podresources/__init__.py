@@ -1,0 +1,1 @@
+"""Pod-resources API of the kubelet."""

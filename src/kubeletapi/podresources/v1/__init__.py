@@ -1,0 +1,1 @@
+"""Pod-resources API v1: generated messages (`api_pb2`) and services (`api_pb2_grpc`)."""

@@ -1,0 +1,191 @@
+"""The real install path on kubesim (RBAC enforced): `helm install --wait` / `upgrade` /
+`uninstall` of the chart from the checkout, with the operator, its CRD hooks, the node clean-up
+hook and NFD all running as their images would (gpu_operator.demo.install, .nfd).
+
+Slow (about 10-20 s each on a quiet machine): every test installs the chart with real helm.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubesim_helpers import kubectl, needs_kubectl
+from rich.console import Console
+
+import kubesim
+from gpu_operator.api import keys
+from gpu_operator.demo import fleet, helm_session, install, nfd, programs, session
+from gpu_operator.kube import node_features
+from gpu_operator.nodes import ledger
+
+from .conftest import CHART, HELM, NAMESPACE, needs_helm
+
+pytestmark = [needs_helm, needs_kubectl, pytest.mark.slow]
+
+NFD_CHART = CHART / "charts" / "node-feature-discovery"
+CP = "clusterpolicies.nvidia.com"
+OUR_CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com")
+NFD_CRDS = tuple(f"{p}.nfd.k8s-sigs.io" for p in ("nodefeatures", "nodefeaturerules",
+                                                  "nodefeaturegroups"))  # fmt: skip
+GPU_NODES = ("dgx-a100-1", "t4-1")
+NFD_PREFIX = "feature.node.kubernetes.io/"
+
+
+@asynccontextmanager
+async def chart_cluster(fleet_name: str = "small") -> AsyncIterator[kubesim.Cluster]:
+    """A cluster ready for `helm install`: nodes with host files, every image's program."""
+    options = session.Options(fleet=fleet.NAMED[fleet_name], timing=programs.Timing(scale=0.0))
+    demo = session.Demo(options, Console(file=io.StringIO()))
+    async with kubesim.Cluster(
+        kubelet=session.kubelet_config(options), authorization="rbac"
+    ) as sim:
+        helm_session.prepare(sim, demo)
+        yield sim
+
+
+def policy_state(sim: kubesim.Cluster) -> str:
+    try:
+        policy = sim.store.get(CP, "cluster-policy") or {}
+    except kubesim.errors.ApiError:
+        return "no CRD"
+    return str((policy.get("status") or {}).get("state") or "")
+
+
+def labels(sim: kubesim.Cluster, node: str) -> dict[str, str]:
+    return dict((sim.store.get("nodes", node) or {})["metadata"].get("labels") or {})
+
+
+def annotations(sim: kubesim.Cluster, node: str) -> dict[str, str]:
+    return dict((sim.store.get("nodes", node) or {})["metadata"].get("annotations") or {})
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pods(sim: kubesim.Cluster, selector: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    return sim.store.list("pods", namespace, label_selector=selector)
+
+
+async def test_install_upgrade_uninstall_with_default_values_leaves_clean_nodes() -> None:
+    async with chart_cluster() as sim:
+        helm = install.Helm(sim.kubeconfig_path, binary=HELM)
+        code, out = await helm.install(CHART, wait="3m")
+        assert code == 0, out
+        await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=60, message="ready")
+
+        # The operator runs from the chart: ready through its probes, leader by its Lease.
+        (operator,) = pods(sim, "app.kubernetes.io/component=gpu-operator")
+        assert ready(operator)
+        lease = sim.store.get("leases", "53822513.nvidia.com", namespace=NAMESPACE) or {}
+        assert lease["spec"]["holderIdentity"]
+        log = await kubectl(sim, "-n", NAMESPACE, "logs", "deploy/gpu-operator")
+        assert "gpu-operator controller started" in log
+        # NFD labelled the nodes from their hardware; the operator found the GPU nodes by it.
+        for node in GPU_NODES:
+            assert labels(sim, node)[keys.NFD_GPU_LABELS[0]] == "true"
+            assert labels(sim, node)[keys.GPU_PRESENT] == "true"
+            assert nfd.FEATURE_LABELS_ANNOTATION in annotations(sim, node)
+        assert keys.NFD_GPU_LABELS[0] not in labels(sim, "cpu-1")
+        assert labels(sim, "cpu-1")[keys.NFD_OS_ID] == "ubuntu"
+        features = sim.store.list("nodefeatures.nfd.k8s-sigs.io", NAMESPACE)
+        assert sorted(f["metadata"]["name"] for f in features) == ["cpu-1", *GPU_NODES]
+        # Everything ran with the chart's RBAC: no request of any account was refused.
+        assert not sim.auth.denials, list(sim.auth.denials)
+
+        # helm upgrade: the CRD hook applies the CRDs, and the changed value rolls its operand.
+        plugin = "app=nvidia-device-plugin-daemonset"
+        before = {p["metadata"]["uid"] for p in pods(sim, plugin)}
+        assert len(before) == len(GPU_NODES)
+        code, out = await helm.run(
+            "upgrade", "gpu-operator", str(CHART), "--reuse-values", "--wait",
+            "--set", "devicePlugin.version=v0.17.4-rolled",
+        )  # fmt: skip
+        assert code == 0, out
+        crd = sim.store.get("customresourcedefinitions", CP) or {}
+        assert "gpu-operator" in {m["manager"] for m in crd["metadata"]["managedFields"]}
+
+        def rolled() -> bool:
+            current = pods(sim, plugin)
+            return (
+                policy_state(sim) == "ready"
+                and len(current) == len(GPU_NODES)
+                and all(ready(p) for p in current)
+                and not {p["metadata"]["uid"] for p in current} & before
+                and all(p["spec"]["containers"][0]["image"].endswith(":v0.17.4-rolled")
+                        for p in current)
+            )  # fmt: skip
+
+        await sim.wait_for(rolled, timeout=60, message="device plugin rolled")
+
+        # helm uninstall, then the CRDs: nothing the operator, GFD or NFD set stays on a node.
+        owned = {n: set(ledger.read(annotations(sim, n))) for n in GPU_NODES}
+        assert all(owned.values())
+        code, out = await helm.run("uninstall", "gpu-operator", "--wait", "--timeout", "3m")
+        assert code == 0, out
+        await kubectl(sim, "delete", "crd", *OUR_CRDS, *NFD_CRDS)
+        for node in ("cpu-1", *GPU_NODES):
+            left = labels(sim, node)
+            assert not owned.get(node, set()) & set(left), left
+            assert not [k for k in left if k.startswith(("nvidia.com/gpu", NFD_PREFIX))], left
+            notes = annotations(sim, node)
+            for key in (ledger.ANNOTATION, node_features.OWNED_LABELS_ANNOTATION,
+                        nfd.FEATURE_LABELS_ANNOTATION):  # fmt: skip
+                assert key not in notes, notes
+            spec = (sim.store.get("nodes", node) or {}).get("spec") or {}
+            assert not spec.get("taints")
+            assert not spec.get("unschedulable")
+        for name in (*OUR_CRDS, *NFD_CRDS):
+            assert sim.store.get("customresourcedefinitions", name) is None
+        assert not pods(sim, "app.kubernetes.io/component=gpu-operator")
+
+
+async def test_aks_values_with_nfd_from_the_network_operator_reach_ready(tmp_path: Path) -> None:
+    async with chart_cluster() as sim:
+        # On AKS the Network Operator brings NFD; here the same NFD chart, on its own.
+        nfd_values = tmp_path / "network-operator-nfd.yaml"
+        nfd_values.write_text(
+            yaml.safe_dump(
+                {
+                    "master": {"config": {"extraLabelNs": ["nvidia.com"]}},
+                    "worker": {"config": {"sources": {"pci": {
+                        "deviceClassWhitelist": ["0200", "0207", "0300", "0302"],
+                        "deviceLabelFields": ["vendor"]}}}},
+                }
+            )
+        )  # fmt: skip
+        network = install.Helm(sim.kubeconfig_path, binary=HELM, release="nfd",
+                               namespace="network-operator")  # fmt: skip
+        code, out = await network.install(NFD_CHART, [nfd_values], wait="3m")
+        assert code == 0, out
+        # The seed document's steps, with its values file (charts/gpu-operator/ci copy).
+        await kubectl(sim, "create", "ns", NAMESPACE)
+        await kubectl(sim, "label", "--overwrite", "ns", NAMESPACE,
+                      "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+        helm = install.Helm(sim.kubeconfig_path, binary=HELM)
+        code, out = await helm.run(
+            "upgrade", "--install", "--create-namespace", "gpu-operator", str(CHART),
+            "-f", str(CHART / "ci" / "aks-rdma-values.yaml"), "--wait", "--timeout", "3m",
+        )  # fmt: skip
+        assert code == 0, out
+        await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=60, message="ready")
+        policy = sim.store.get(CP, "cluster-policy") or {}
+        assert policy["spec"]["driver"]["rdma"]["enabled"] is True
+        assert not sim.store.list("daemonsets", NAMESPACE, label_selector="role=worker")
+        for node in GPU_NODES:
+            assert labels(sim, node)[keys.GPU_PRESENT] == "true"
+        assert not sim.auth.denials, list(sim.auth.denials)
+
+        code, out = await helm.run("uninstall", "gpu-operator", "--wait", "--timeout", "3m")
+        assert code == 0, out
+        for node in GPU_NODES:
+            assert keys.GPU_PRESENT not in labels(sim, node)
+            # NFD keeps running (it is the Network Operator's): its labels stay.
+            assert labels(sim, node)[keys.NFD_GPU_LABELS[0]] == "true"

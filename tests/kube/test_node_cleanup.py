@@ -1,0 +1,95 @@
+"""`gpu-operator cleanup-nodes`: after uninstall, nodes lose exactly the labels we recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import kubesim
+from gpu_operator.api import keys
+from gpu_operator.kube import node_cleanup, node_features
+from gpu_operator.nodes import ledger
+from kubesim import KubeletConfig
+
+GPU_OPERATOR = Path(sys.executable).parent / "gpu-operator"
+
+
+def test_node_patch_removes_the_operators_and_gfds_labels_only() -> None:
+    labels = {
+        keys.GPU_PRESENT: "true",
+        "nvidia.com/gpu.deploy.driver": "true",
+        "nvidia.com/gpu.deploy.dcgm-exporter": "false",  # a human changed it: not ours any more
+        "nvidia.com/gpu.product": "Tesla-T4",
+        keys.UPGRADE_STATE: "upgrade-done",
+        keys.UPGRADE_SKIP: "true",  # set by a person
+        "team": "ml",
+    }
+    annotations = {
+        ledger.ANNOTATION: ledger.encode(
+            {keys.GPU_PRESENT: "true", "nvidia.com/gpu.deploy.driver": "true",
+             "nvidia.com/gpu.deploy.dcgm-exporter": "true"}
+        ) or "",
+        node_features.OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.product,nvidia.com/gone",
+        keys.UPGRADE_VALIDATION_START: "1700000000",
+        "other": "x",
+    }  # fmt: skip
+    patch = node_cleanup.node_patch(labels, annotations)
+    assert patch == {
+        "metadata": {
+            "labels": {
+                keys.GPU_PRESENT: None,
+                "nvidia.com/gpu.deploy.driver": None,
+                "nvidia.com/gpu.product": None,
+                keys.UPGRADE_STATE: None,
+            },
+            "annotations": {
+                ledger.ANNOTATION: None,
+                node_features.OWNED_LABELS_ANNOTATION: None,
+                keys.UPGRADE_VALIDATION_START: None,
+            },
+        }
+    }
+
+
+def test_a_node_the_operator_never_touched_needs_no_patch() -> None:
+    assert node_cleanup.node_patch({"team": "ml"}, {"other": "x"}) == {}
+
+
+async def test_command_waits_for_the_operator_pods_then_cleans_every_node() -> None:
+    owned = {keys.GPU_PRESENT: "true"}
+    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True)) as sim:
+        sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpu"}})
+        for name in ("a", "b"):
+            sim.add_node(name, labels={**owned, "keep": "me"})
+            sim.store.patch(
+                "nodes",
+                name,
+                {"metadata": {"annotations": {ledger.ANNOTATION: ledger.encode(owned)}}},
+            )
+        sim.store.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "op", "namespace": "gpu",
+                             "labels": {"app.kubernetes.io/component": "gpu-operator"}},
+                "spec": {"nodeName": "a", "containers": [{"name": "c", "image": "op:1"}]},
+            }
+        )  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            str(GPU_OPERATOR), "cleanup-nodes", "--kubeconfig", str(sim.kubeconfig_path),
+            "--namespace", "gpu", "--wait", "30",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        # It polls for the operator's pod and cleans nothing while the pod is there.
+        await sim.wait_for(lambda: sim.stats.count("list", "pods") >= 2, timeout=30)
+        assert (sim.store.get("nodes", "a") or {})["metadata"]["labels"][keys.GPU_PRESENT]
+        sim.store.delete("pods", "op", namespace="gpu", grace=0)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, out.decode()
+        assert "2 node(s) cleaned" in out.decode()
+        for name in ("a", "b"):
+            meta = (sim.store.get("nodes", name) or {})["metadata"]
+            assert keys.GPU_PRESENT not in meta["labels"]
+            assert meta["labels"]["keep"] == "me"
+            assert ledger.ANNOTATION not in (meta.get("annotations") or {})
