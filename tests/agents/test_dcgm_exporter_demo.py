@@ -37,7 +37,7 @@ SEED_CSV = (
     "DCGM_FI_DEV_FB_USED, gauge, GPU memory used\n"
     "DCGM_FI_DEV_FB_FREE, gauge, GPU memory free\n"
 )
-JOB_IMAGE = "example.com/cuda-load:1"
+JOB_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
 
 
 def config_map(key: str) -> dict[str, Any]:
@@ -158,6 +158,8 @@ def gpu_job(name: str) -> str:
                     {
                         "name": "train",
                         "image": JOB_IMAGE,
+                        # DCGM's load generator, installed in GPU containers by the demo.
+                        "command": ["dcgmproftester12", "--no-dcgm-validation", "-d", "300"],
                         "resources": {"limits": {"nvidia.com/gpu": "1"}},
                     }
                 ]
@@ -170,10 +172,6 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
     async with served(tmp_path) as demo:
         machine = demo.nodes.node(NODE).machine
         assert machine is not None
-        demo.sim.register_pod_runner(
-            lambda ctx: exporters.gpu_workload(ctx, demo.nodes.node(ctx.node_name).machine),
-            image=JOB_IMAGE,
-        )
         # A GPU pod runs, then the exporter pod is replaced: its first collection includes it.
         await demo.kubectl("create", "-f", "-", stdin=gpu_job("trainer"))
         await demo.sim.wait_for(
@@ -252,3 +250,23 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
         assert after is not None
         assert after["metadata"]["generation"] == generation["metadata"]["generation"]
         assert "DCGM_FI_DEV_GPU_UTIL" in await get(port)  # still serving
+
+        # The load generator ends after its duration; a bad duration is a usage error.
+        for name, duration in (("short", "1"), ("bad", "soon")):
+            job = json.loads(gpu_job(name))
+            job["spec"]["restartPolicy"] = "Never"
+            job["spec"]["containers"][0]["command"] = ["dcgmproftester12", "-d", duration]
+            await demo.kubectl("create", "-f", "-", stdin=json.dumps(job))
+        for name, phase in (("short", "Succeeded"), ("bad", "Failed")):
+            await demo.sim.wait_for(
+                lambda name=name, phase=phase: (
+                    ((demo.sim.store.get("pods", name, "default") or {}).get("status") or {}).get(
+                        "phase"
+                    )
+                    == phase
+                ),
+                20,
+                f"{name} {phase}",
+            )
+        assert "Generating load on 1 GPU(s) for 1 s" in await demo.kubectl("logs", "short")
+        assert "-d needs a positive number of seconds" in await demo.kubectl("logs", "bad")

@@ -11,7 +11,6 @@ for a demo).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from gpu_operator import nvml
@@ -23,6 +22,7 @@ from gpu_operator.agents.node_status_exporter import runner as status_runner
 from gpu_operator.kube import node_capacity, node_features
 from gpu_operator.nvml import mock
 from kubesim import PodContext
+from kubesim.devicemanager import ContainerAllocation
 
 log = logging.getLogger("gpu_operator.agents.demo")
 
@@ -147,7 +147,11 @@ async def run(app: str, ctx: PodContext, machine: mock.MockMachine | None) -> in
 
 def allocated_uuids(ctx: PodContext) -> list[str]:
     """The GPU and MIG device UUIDs the kubelet gave this container (replica suffixes dropped)."""
-    allocation = ctx.allocation
+    return allocation_uuids(ctx.allocation)
+
+
+def allocation_uuids(allocation: ContainerAllocation | None) -> list[str]:
+    """The GPU and MIG device UUIDs of a container's allocation (replica suffixes dropped)."""
     if allocation is None:
         return []
     uuids: dict[str, None] = {}
@@ -156,19 +160,3 @@ def allocated_uuids(ctx: PodContext) -> list[str]:
             for device_id in ids:
                 uuids.setdefault(device_id.partition("::")[0], None)
     return list(uuids)
-
-
-async def gpu_workload(ctx: PodContext, machine: mock.MockMachine | None, *, load: int = 90) -> int:
-    """A CUDA job: busy on exactly the pod's allocated GPUs until the container stops."""
-    uuids = allocated_uuids(ctx)
-    if machine is None or not uuids:
-        log.error("no GPU allocated to %s/%s", ctx.namespace, ctx.name)
-        return 1
-    job = machine.start_workload(uuids, load=load)
-    ctx.set_ready(True)
-    try:
-        await ctx.stopping.wait()
-    finally:
-        with contextlib.suppress(ValueError):
-            machine.stop_workload(job)
-    return 0

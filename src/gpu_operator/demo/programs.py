@@ -64,6 +64,23 @@ REAL_AGENTS = frozenset(
 )
 
 
+# DCGM's load generators (by CUDA major version) and the utilisation they drive (percent).
+PROFTESTERS = ("dcgmproftester11", "dcgmproftester12", "dcgmproftester13")
+PROFTESTER_LOAD = 95
+
+
+def _option_value(args: list[str], flag: str, default: str) -> str:
+    """The value after `flag` (`-d 30` or `-d=30`), or `default`."""
+    for i, arg in enumerate(args):
+        if arg == flag:
+            if i + 1 >= len(args):
+                raise ValueError("missing")
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1 :]
+    return default
+
+
 @dataclass(frozen=True)
 class Timing:
     """Scales every simulated delay (0 = instant); jitter is a stable function of the node."""
@@ -122,6 +139,10 @@ class Programs:
         self.sim.register_program(
             "demo-gpu-fault", self.gpu_fault, available=self._gpu_driver_container
         )
+        # DCGM's load generator, which NVIDIA's docs use to see metrics move: here it loads the
+        # container's mock GPUs (utilisation, memory, power, temperature) for its duration.
+        for name in PROFTESTERS:
+            self.sim.register_program(name, self.proftester, available=self.has_gpus)
 
     @staticmethod
     def _driver_container(view: kubesim.ContainerView) -> bool:
@@ -161,6 +182,34 @@ class Programs:
         )
         run.stdout.write(text)
         return code
+
+    def has_gpus(self, view: kubesim.ContainerView) -> bool:
+        """Containers the device plugin gave GPUs on a node with mock GPUs."""
+        machine = self.node(view.node_name).machine
+        return machine is not None and bool(exporters.allocation_uuids(view.allocation))
+
+    async def proftester(self, run: kubesim.ProgramRun) -> int:
+        """`dcgmproftester12 [-t FIELD] [-d SECONDS] [--no-dcgm-validation]`: load on the
+        container's GPUs for the duration (default 30 s), as the real tool generates it."""
+        machine = self.node(run.view.node_name).machine
+        uuids = exporters.allocation_uuids(run.view.allocation)
+        assert machine is not None  # present only where the container has mock GPUs
+        try:
+            seconds = _option_value(run.argv[1:], "-d", "30")
+            duration = float(seconds)
+            if duration <= 0:
+                raise ValueError(seconds)
+        except ValueError as err:
+            run.stderr.write(f"{run.argv[0]}: -d needs a positive number of seconds: {err}\n")
+            return 2
+        run.stdout.write(f"Generating load on {len(uuids)} GPU(s) for {duration:g} s\n")
+        job = machine.start_workload(uuids, load=PROFTESTER_LOAD)
+        try:
+            await asyncio.sleep(duration)
+        finally:
+            machine.stop_workload(job)
+        run.stdout.write("Done\n")
+        return 0
 
     def _gpu_driver_container(self, view: kubesim.ContainerView) -> bool:
         return self._driver_container(view) and self.node(view.node_name).machine is not None
