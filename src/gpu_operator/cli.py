@@ -45,6 +45,15 @@ def _root(
     """An API-compatible NVIDIA GPU Operator for Kubernetes, in Python."""
 
 
+def _where(exc: Exception) -> str:
+    """The URL a failed HTTP request went to, when the error knows it."""
+    try:
+        url = exc.request.url  # type: ignore[attr-defined]
+        return f"{url.scheme}://{url.netloc.decode()}"
+    except (AttributeError, RuntimeError):  # httpx raises RuntimeError when no request is set
+        return "the API server"
+
+
 @app.command()
 def crds(
     out: Path | None = typer.Option(
@@ -80,10 +89,21 @@ def crds(
             finally:
                 await client.close()
 
+        import httpx2
+
         try:
             done = asyncio.run(run())
         except (kube_client.ConnectError, crd_install.CRDInstallError) as exc:
             err.print(f"error: {exc}", markup=False)
+            raise typer.Exit(1) from None
+        except httpx2.TimeoutException as exc:
+            # httpx's timeout errors often carry no message; say what happened instead.
+            err.print(f"error: {_where(exc)}: timed out waiting for the API server", markup=False)
+            raise typer.Exit(1) from None
+        except httpx2.TransportError as exc:
+            err.print(
+                f"error: cannot reach {_where(exc)}: {exc or type(exc).__name__}", markup=False
+            )
             raise typer.Exit(1) from None
         verb = f"applied (schema version {crd_gen.SCHEMA_VERSION})" if apply else "deleted"
         for name in done:
@@ -154,13 +174,16 @@ def validate(
     failed = checked_any = False
     for source in files:
         try:
-            documents = manifests.read(source)
+            documents = manifests.read_documents(source)
         except manifests.ManifestError as exc:
             err.print(f"error: {exc}", markup=False)
             raise typer.Exit(2) from None
         label = "<stdin>" if source == "-" else source
-        for doc in documents:
-            result = validation.check_document(doc)
+        for document in documents:
+            result = validation.check_document(document.obj)
+            if not result.skipped:
+                decoded = [validation.Problem(path, message) for path, message in document.problems]
+                result.errors[:0] = decoded
             if result.skipped:
                 err.print(f"{label}: {result.ref}: skipped (not a GPU operator kind)", markup=False)
                 continue
@@ -230,6 +253,10 @@ def controller(
         )
     except ConnectError as exc:
         err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        # A metrics or health port that is taken: asyncio's message names the address.
+        err.print(f"error: {exc.strerror or exc}", markup=False)
         raise typer.Exit(1) from None
 
 

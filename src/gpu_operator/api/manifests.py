@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +14,197 @@ import yaml
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+# Limits on one document, so that nothing downstream (PyYAML's composer, which recurses in C and
+# segfaults near 30,000 levels; deepcopy; pydantic) can run out of stack or memory. Real
+# manifests nest about 10 levels and hold a few thousand values.
+MAX_DEPTH = 100
+MAX_VALUES = 1_000_000
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_CONTAINER_EVENTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_END_EVENTS = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
 
 class ManifestError(Exception):
     """Input that cannot be read as manifests at all (missing file, not YAML or JSON)."""
 
 
-def parse(text: str, source: str) -> list[dict[str, Any]]:
-    """Every object in a YAML/JSON text; `kind: List` objects are expanded into their items."""
+@dataclass
+class Document:
+    """One object read from a manifest, with the problems found while decoding it."""
+
+    obj: dict[str, Any]
+    # (field path, message): duplicate fields, which the API server's strict decoding rejects.
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _StrictLoader(_Loader):  # type: ignore[misc,valid-type]
+    """A safe loader that records duplicate keys and turns bad tagged values into YAML errors."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        # id(dict) -> [(key, line, first line)] for every mapping with a key given twice.
+        self.duplicates: dict[int, list[tuple[str, int, int]]] = {}
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, IndexError):
+            # `!!float x`, `!!int x`, `!!bool maybe`, `!!timestamp x`: the tag's constructor fails.
+            shown = node.value if isinstance(node.value, str) else "..."
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"cannot read {_clip(shown)!r} as {_short_tag(node.tag)}",
+                node.start_mark,
+            ) from None
+
+
+def _construct_map(loader: _StrictLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+    data: dict[Any, Any] = {}
+    yield data
+    # Keys merged in with `<<` may be overridden; only keys written twice are duplicates.
+    explicit = [key for key, _ in node.value if key.tag != _MERGE_TAG]
+    data.update(loader.construct_mapping(node))
+    first: dict[tuple[str, str], int] = {}
+    for key in explicit:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        line = key.start_mark.line + 1
+        if (key.tag, key.value) in first:
+            seen = first[(key.tag, key.value)]
+            loader.duplicates.setdefault(id(data), []).append((key.value, line, seen))
+        else:
+            first[(key.tag, key.value)] = line
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+
+def _short_tag(tag: str) -> str:
+    return tag.replace("tag:yaml.org,2002:", "!!", 1)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _check_yaml_depth(text: str, source: str) -> None:
+    """Refuse YAML nested deeper than MAX_DEPTH before the (recursive) composer sees it."""
+    # libyaml's event parser keeps its own stack, so walking the events cannot overflow.
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, _CONTAINER_EVENTS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+                raise ManifestError(f"{source}: {where}nested more than {MAX_DEPTH} levels deep")
+        elif isinstance(event, _END_EVENTS):
+            depth -= 1
+
+
+def _children(value: Any) -> list[tuple[Any, Any]]:
+    if isinstance(value, dict):
+        return list(value.items())
+    if isinstance(value, list):
+        return list(enumerate(value))
+    return []
+
+
+def _measure(
+    root: Any, source: str, index: int, duplicates: dict[int, list[tuple[str, int, int]]]
+) -> list[tuple[tuple[Any, ...], str]]:
+    """Check one decoded document's depth, size and cycles without recursion; its duplicates.
+
+    Aliases can share a value many times (and make cycles), so heights and sizes are memoized
+    per object: a "billion laughs" document is refused by its expanded size in linear time.
+    """
+    if not isinstance(root, dict | list):
+        return []  # a bare scalar: parse_documents reports it as not an object
+    height: dict[int, int] = {}
+    size: dict[int, int] = {}
+    pending: set[int] = set()
+    problems: list[tuple[tuple[Any, ...], str]] = []
+    stack: list[tuple[Any, bool, tuple[Any, ...]]] = [(root, False, ())]
+    while stack:
+        value, done, loc = stack.pop()
+        key = id(value)
+        if done:
+            children = [c for _, c in _children(value) if isinstance(c, dict | list)]
+            pending.discard(key)
+            height[key] = 1 + max((height[id(c)] for c in children), default=0)
+            size[key] = 1 + len(value) + sum(size[id(c)] - 1 for c in children)
+            if height[key] > MAX_DEPTH:
+                raise ManifestError(
+                    f"{source}: document {index}: {_format_loc(loc) or '(top level)'}: "
+                    f"nested more than {MAX_DEPTH} levels deep"
+                )
+            if size[key] > MAX_VALUES:
+                raise ManifestError(
+                    f"{source}: document {index}: more than {MAX_VALUES:,} values once aliases "
+                    "are expanded"
+                )
+            continue
+        if key in height:
+            continue
+        if key in pending:
+            raise ManifestError(
+                f"{source}: document {index}: {_format_loc(loc)}: refers to itself (an alias "
+                "cycle), which JSON cannot represent"
+            )
+        pending.add(key)
+        for name, line, seen in duplicates.get(key, []):
+            problems.append(((*loc, name), f"duplicate field (line {line}, first at line {seen})"))
+        stack.append((value, True, loc))
+        stack.extend(
+            (child, False, (*loc, name))
+            for name, child in _children(value)
+            if isinstance(child, dict | list)
+        )
+    return problems
+
+
+def _load(text: str, source: str) -> list[tuple[Any, list[tuple[tuple[Any, ...], str]]]]:
+    """The decoded documents of a text, each with its duplicate-field problems."""
     stripped = text.lstrip()
+    out = []
     try:
         if stripped.startswith(("{", "[")):
-            loaded: list[Any] = [json.loads(text)]
-        else:
-            loaded = list(yaml.load_all(text, Loader=_Loader))
+            json_dupes: dict[int, list[tuple[str, int, int]]] = {}
+
+            def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+                obj = dict(items)
+                if len(obj) < len(items):
+                    names = [k for k, _ in items]
+                    json_dupes[id(obj)] = [
+                        (k, 0, 0) for k in dict.fromkeys(names) if names.count(k) > 1
+                    ]
+                return obj
+
+            doc = json.loads(text, object_pairs_hook=pairs)
+            found = _measure(doc, source, 1, json_dupes)
+            out.append((doc, [(loc, "duplicate field") for loc, _ in found]))
+            return out
+        _check_yaml_depth(text, source)
+        loader = _StrictLoader(text)
+        try:
+            index = 0
+            while loader.check_node():
+                index += 1
+                doc = loader.construct_document(loader.get_node())
+                out.append((doc, _measure(doc, source, index, loader.duplicates)))
+        finally:
+            loader.dispose()
     except json.JSONDecodeError as err:
         raise ManifestError(f"{source}: not valid JSON: {err.msg} at line {err.lineno}") from None
     except yaml.YAMLError as err:
@@ -32,23 +212,54 @@ def parse(text: str, source: str) -> list[dict[str, Any]]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err)
         raise ManifestError(f"{source}: not valid YAML{where}: {problem}") from None
-    documents: list[dict[str, Any]] = []
-    for index, doc in enumerate(loaded, start=1):
+    except RecursionError:
+        # json.loads on very deep JSON, or a long chain of YAML merge keys.
+        raise ManifestError(f"{source}: nested more than {MAX_DEPTH} levels deep") from None
+    return out
+
+
+def parse_documents(text: str, source: str) -> list[Document]:
+    """Every object in a YAML/JSON text with its decoding problems; `kind: List` is expanded."""
+    documents: list[Document] = []
+    for index, (doc, problems) in enumerate(_load(text, source), start=1):
         if doc is None:
             continue
         if isinstance(doc, list):
             items: list[Any] = doc
+            prefix: tuple[Any, ...] = ()
         elif isinstance(doc, dict) and doc.get("kind") == "List":
             items = doc.get("items") or []
+            prefix = ("items",)
+            if not isinstance(items, list):
+                raise ManifestError(
+                    f"{source}: document {index}: items: expected a list, "
+                    f"got {type(items).__name__}"
+                )
         else:
             items = [doc]
-        for item in items:
+            prefix = ()
+        found: list[list[tuple[str, str]]] = [[] for _ in items]
+        for loc, message in problems:
+            if not prefix and not isinstance(doc, list):
+                found[0].append((_format_loc(loc), message))
+                continue
+            # In a list of objects, a problem belongs to the item its path goes through.
+            rest = loc[len(prefix) :]
+            if loc[: len(prefix)] != prefix or len(rest) < 2 or not isinstance(rest[0], int):
+                raise ManifestError(f"{source}: document {index}: {_format_loc(loc)}: {message}")
+            found[rest[0]].append((_format_loc(rest[1:]), message))
+        for position, item in enumerate(items):
             if not isinstance(item, dict):
                 raise ManifestError(
                     f"{source}: document {index} is not an object (got {type(item).__name__})"
                 )
-            documents.append(item)
+            documents.append(Document(item, found[position]))
     return documents
+
+
+def parse(text: str, source: str) -> list[dict[str, Any]]:
+    """Every object in a YAML/JSON text; `kind: List` objects are expanded into their items."""
+    return [document.obj for document in parse_documents(text, source)]
 
 
 def _read_text(source: str | Path) -> str:
@@ -66,9 +277,14 @@ def _read_text(source: str | Path) -> str:
 
 def read(source: str) -> list[dict[str, Any]]:
     """Read and parse a file, or standard input for `-`."""
+    return [document.obj for document in read_documents(source)]
+
+
+def read_documents(source: str) -> list[Document]:
+    """Read and parse a file, or standard input for `-`, keeping each object's decode problems."""
     if source == "-":
-        return parse(sys.stdin.read(), "<stdin>")
-    return parse(_read_text(source), source)
+        return parse_documents(sys.stdin.read(), "<stdin>")
+    return parse_documents(_read_text(source), source)
 
 
 def load_one(source: str | Path) -> Any:

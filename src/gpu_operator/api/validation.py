@@ -419,7 +419,8 @@ def _cp_semantics(spec: ClusterPolicySpec, raw_spec: dict[str, Any]) -> Checked:
             )
         )
     for (section, name), why in _DEPRECATED_CP.items():
-        if name in (raw_spec.get(section) or {}):
+        raw_section = raw_spec.get(section)
+        if isinstance(raw_section, dict) and name in raw_section:
             warnings.append(Problem(f"spec.{section}.{name}", why))
     return out
 
@@ -567,7 +568,8 @@ def check_document(doc: dict[str, Any]) -> Checked:
             return checked
         obj = repaired
     if isinstance(obj, ClusterPolicy):
-        semantic = _cp_semantics(obj.spec, doc.get("spec") or {})
+        raw_spec = doc.get("spec")
+        semantic = _cp_semantics(obj.spec, raw_spec if isinstance(raw_spec, dict) else {})
     else:
         semantic = _nvd_semantics(obj.spec)
     # A field already reported by the schema check was removed before the semantic pass.

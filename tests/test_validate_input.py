@@ -1,0 +1,212 @@
+"""`gpu-operator validate` on hostile input: one clear line per problem, exit 0, 1 or 2."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpu_operator.api import manifests
+from gpu_operator.cli import app
+
+runner = CliRunner()
+HEAD = "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\n"
+
+
+def _validate(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    # A real process, so that a segfault shows as a negative exit code instead of killing pytest.
+    path = tmp_path / "in.yaml"
+    path.write_text(text)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_operator", "validate", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "line"),
+    [
+        ("spec: 5\n", "ClusterPolicy/cp: spec: expected an object, got 5"),
+        ("spec: [1, 2]\n", "ClusterPolicy/cp: spec: expected an object, got [1, 2]"),
+        ("spec: {operator: 5}\n", "spec.operator: expected an object, got 5"),
+    ],
+)
+def test_non_object_spec_is_invalid_not_a_crash(tmp_path: Path, spec: str, line: str) -> None:
+    result = _validate(tmp_path, HEAD + spec)
+    assert result.returncode == 1, result.stderr
+    assert line in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("!!float x", "cannot read 'x' as !!float"),
+        ("!!int x", "cannot read 'x' as !!int"),
+        ("!!bool maybe", "cannot read 'maybe' as !!bool"),
+        ("!!timestamp x", "cannot read 'x' as !!timestamp"),
+    ],
+)
+def test_bad_yaml_tag_is_one_line_exit_2(tmp_path: Path, value: str, message: str) -> None:
+    result = _validate(tmp_path, HEAD + f"spec:\n  driver: {{version: {value}}}\n")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'in.yaml'}: not valid YAML at line 5, column 21: {message}"
+    ]
+
+
+@pytest.mark.parametrize("items", ["5", "{a: 1}", "x"])
+def test_list_with_non_list_items_exit_2(tmp_path: Path, items: str) -> None:
+    result = _validate(tmp_path, f"apiVersion: v1\nkind: List\nitems: {items}\n")
+    assert result.returncode == 2
+    assert "document 1: items: expected a list" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("levels", [101, 600, 1_000, 30_000])
+@pytest.mark.parametrize("shape", ["flow-list", "flow-map", "block-map", "json"])
+def test_deep_nesting_is_refused_with_one_line(tmp_path: Path, levels: int, shape: str) -> None:
+    if shape == "flow-list":
+        text = HEAD + "spec:\n  kataManager:\n    config: " + "[" * levels + "]" * levels + "\n"
+    elif shape == "flow-map":
+        text = HEAD + "spec: " + "{a: " * levels + "1" + "}" * levels + "\n"
+    elif shape == "block-map":
+        text = HEAD + "spec:\n" + "".join(" " * i + "a:\n" for i in range(1, levels + 1))
+    else:
+        text = '{"kind": "ClusterPolicy", "spec": ' + "[" * levels + "]" * levels + "}"
+    result = _validate(tmp_path, text)
+    assert result.returncode == 2, (result.returncode, result.stderr[-500:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert f"nested more than {manifests.MAX_DEPTH} levels deep" in lines[0]
+
+
+def test_nesting_at_the_limit_is_checked(tmp_path: Path) -> None:
+    # spec.kataManager.config is depth 3 below the document; 95 more levels stay within 100.
+    deep = "[" * 95 + "]" * 95
+    result = _validate(tmp_path, HEAD + f"spec:\n  kataManager:\n    config: {deep}\n")
+    assert result.returncode == 1
+    assert "nested more than" not in result.stderr + result.stdout
+
+
+def test_alias_expansion_bomb_is_refused(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    result = _validate(tmp_path, HEAD + "spec:\n" + "".join(f"  {line}\n" for line in lines))
+    assert result.returncode == 2
+    assert "values once aliases are expanded" in result.stderr
+
+
+def test_alias_cycle_is_refused(tmp_path: Path) -> None:
+    result = _validate(tmp_path, HEAD + "spec: &s {loop: *s}\n")
+    assert result.returncode == 2
+    assert "alias cycle" in result.stderr
+
+
+def test_duplicate_yaml_key_is_an_error_with_its_path(tmp_path: Path) -> None:
+    text = HEAD + 'spec:\n  driver: {version: "1"}\n  driver: {version: "2"}\n'
+    result = _validate(tmp_path, text)
+    assert result.returncode == 1
+    assert (
+        f"{tmp_path / 'in.yaml'}: ClusterPolicy/cp: spec.driver: duplicate field "
+        "(line 6, first at line 5)"
+    ) in result.stdout.splitlines()
+
+
+def test_duplicate_key_in_a_list_item_names_the_item_path(tmp_path: Path) -> None:
+    text = (
+        "apiVersion: v1\nkind: List\nitems:\n- " + HEAD.replace("\n", "\n  ") + "spec: {}\n"
+        "  kind: ClusterPolicy\n"
+    )
+    result = _validate(tmp_path, text)
+    assert result.returncode == 1
+    assert "ClusterPolicy/cp: kind: duplicate field" in result.stdout
+
+
+def test_duplicate_json_key_is_an_error(tmp_path: Path) -> None:
+    text = '{"kind": "ClusterPolicy", "metadata": {"name": "a", "name": "b"}, "spec": {}}'
+    result = _validate(tmp_path, text)
+    assert result.returncode == 1
+    assert "ClusterPolicy/b: metadata.name: duplicate field" in result.stdout
+
+
+def test_merge_keys_are_not_duplicates() -> None:
+    docs = manifests.parse_documents("base: &b {x: 1}\nkind: K\nm: {<<: *b, x: 2}\n", "t")
+    assert docs[0].obj["m"] == {"x": 2}
+    assert docs[0].problems == []
+
+
+# --- the other commands' failures: one line, no traceback -----------------------------------
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield sock.getsockname()[1]
+
+
+def _kubeconfig(tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+"""
+    )
+    return path
+
+
+def test_crds_apply_to_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = runner.invoke(
+        app, ["crds", "--apply", "--kubeconfig", str(_kubeconfig(tmp_path, port))]
+    )
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"error: cannot reach http://127.0.0.1:{port}: All connection attempts failed"
+    ]
+
+
+def test_crds_apply_timeout_is_one_line(
+    tmp_path: Path, silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpu_operator.kube import client
+
+    real = client.connect
+    monkeypatch.setattr(client, "connect", lambda kc=None: real(kc, timeout=0.3))
+    kubeconfig = _kubeconfig(tmp_path, silent_port)
+    result = runner.invoke(app, ["crds", "--apply", "--kubeconfig", str(kubeconfig)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"error: http://127.0.0.1:{silent_port}: timed out waiting for the API server"
+    ]
+
+
+def test_controller_with_its_port_taken_is_one_line(tmp_path: Path, silent_port: int) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_operator", "controller", "--namespace", "gpu-operator",
+         "--kubeconfig", str(_kubeconfig(tmp_path, silent_port)),
+         "--health-probe-bind-address", f"127.0.0.1:{silent_port}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: error while attempting to bind on address ('127.0.0.1', {silent_port}): "
+        "address already in use"
+    )
