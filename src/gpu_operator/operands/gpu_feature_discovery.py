@@ -30,10 +30,12 @@ def _base(facts: ClusterFacts) -> Obj:
             env("GFD_FAIL_ON_INIT_ERROR", "true"),
             common.node_name_env(),
             common.namespace_env("NAMESPACE"),
+            common.field_env("POD_NAME", "metadata.name"),
         ],
         mounts=[
             mount("output-dir", FEATURES_DIR),
-            mount("host-sys", "/sys"),
+            # GFD only reads the host's /sys (as upstream mounts it): never writable.
+            mount("host-sys", "/sys", read_only=True),
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
             mount("run-nvidia-validations", common.VALIDATIONS_DIR),
         ],
