@@ -170,7 +170,8 @@ def validate(
         ..., "-f", "--filename", help="Manifest file (YAML or JSON, several documents); - is stdin."
     ),
 ) -> None:
-    """Check ClusterPolicy and NVIDIADriver manifests: exit 0 valid, 1 invalid, 2 unreadable."""
+    """Check ClusterPolicy and NVIDIADriver manifests and mig-parted configs (a ConfigMap or a
+    bare file): exit 0 valid, 1 invalid, 2 unreadable."""
     failed = checked_any = False
     for source in files:
         try:
@@ -180,6 +181,11 @@ def validate(
             raise typer.Exit(2) from None
         label = "<stdin>" if source == "-" else source
         for document in documents:
+            mig_ok = _check_mig_config(document.obj, label)
+            if mig_ok is not None:
+                checked_any = True
+                failed |= not mig_ok
+                continue
             result = validation.check_document(document.obj)
             if not result.skipped:
                 decoded = [validation.Problem(path, message) for path, message in document.problems]
@@ -199,6 +205,40 @@ def validate(
         err.print("error: no ClusterPolicy or NVIDIADriver found in the input", markup=False)
         raise typer.Exit(2)
     raise typer.Exit(1 if failed else 0)
+
+
+def _check_mig_config(obj: dict[str, Any], label: str) -> bool | None:
+    """Check a mig-parted config (a ConfigMap holding one, or a bare file) and print the
+    findings; True when valid, None when `obj` is no MIG config."""
+    from gpu_operator.agents.mig_manager import check
+
+    if check.is_mig_parted(obj):
+        texts: list[tuple[str, Any]] = [(label, obj)]
+    else:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        texts = []
+        for key, text in check.config_map_entries(obj):
+            source = f"{label}: ConfigMap/{name or '<unnamed>'}: data.{key}"
+            try:
+                parsed = manifests.parse(text, source)
+            except manifests.ManifestError as exc:
+                typer.echo(str(exc))
+                return False
+            texts.append((source, parsed[0] if len(parsed) == 1 else parsed))
+        if not texts:
+            return None
+    ok = True
+    for source, data in texts:
+        report = check.check(data, source)
+        for warning in report.warnings:
+            err.print(f"warning: {warning}", markup=False)
+        for problem in report.errors:
+            typer.echo(problem)
+        ok &= not report.errors
+        if not report.errors:
+            err.print(f"{source}: valid MIG config", markup=False)
+    return ok
 
 
 class LogFormat(StrEnum):
@@ -332,7 +372,8 @@ def demo_command(
     fleet: str | None = typer.Option(
         None,
         "--fleet",
-        help="A named fleet (default, small, hopper, inference, mig, kubevirt) or a fleet file.",
+        help="A named fleet (default, small, hopper, inference, mig, kubevirt, aks-preinstalled)"
+        " or a fleet file.",
     ),
     nodes: int | None = typer.Option(
         None, "--nodes", min=1, help="Scale the fleet's pools to about this many nodes."

@@ -9,9 +9,10 @@ from kubesim.controllers.kubelet import (
     PodRunnerObject,
     RunnerRegistration,
 )
+from kubesim.cri import CriError, PodSandbox, RuntimeService, StartContainerError
 from kubesim.errors import ApiError
 from kubesim.faults import FaultRule, Faults
-from kubesim.programs import ContainerView, ProgramRun
+from kubesim.programs import ContainerView, ProgramResult, ProgramRun
 from kubesim.runner_logs import ContainerLogHandler
 from kubesim.stats import Stats
 from kubesim.store import Store
@@ -21,6 +22,7 @@ __all__ = [
     "Cluster",
     "ContainerLogHandler",
     "ContainerView",
+    "CriError",
     "FaultRule",
     "Faults",
     "KubeletConfig",
@@ -28,8 +30,12 @@ __all__ = [
     "PodRunner",
     "PodRunnerFunction",
     "PodRunnerObject",
+    "PodSandbox",
+    "ProgramResult",
     "ProgramRun",
     "RunnerRegistration",
+    "RuntimeService",
+    "StartContainerError",
     "Stats",
     "Store",
 ]

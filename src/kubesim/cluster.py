@@ -35,6 +35,7 @@ from kubesim.controllers.scheduler import Scheduler
 from kubesim.controllers.statefulset import StatefulSetController
 from kubesim.controllers.ttl_after_finished import TTLAfterFinishedController
 from kubesim.controllers.volumes import NodeFilesystems
+from kubesim.cri import RuntimeService
 from kubesim.devicemanager import DeviceManager
 from kubesim.faults import Faults
 from kubesim.programs import Predicate, Program
@@ -342,6 +343,12 @@ class Cluster:
         )
         self.kubelet.register(registration)
         return registration
+
+    def register_container_runtime(self, service: RuntimeService | None) -> None:
+        """Make `service` the nodes' container runtime: the kubelets run every sandbox and
+        create every container through it and report its refusals as the real kubelet does
+        (see kubesim.cri); None goes back to no runtime checks."""
+        self.kubelet.cri = service
 
     def register_program(
         self, name: str, program: Program, *, available: Predicate | None = None

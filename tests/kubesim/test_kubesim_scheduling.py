@@ -158,10 +158,22 @@ async def test_effective_request_is_max_of_containers_and_init_plus_overhead(
         "overhead": {"cpu": "250m"},
     }
     assert scheduling.pod_requests(spec) == {"cpu": 3250}
+    # On the server a pod's overhead comes from its RuntimeClass (set at admission).
+    cluster.store.create(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": "kata"},
+            "handler": "kata",
+            "overhead": {"podFixed": {"cpu": "250m"}},
+        }
+    )
+    through_class = {k: v for k, v in spec.items() if k != "overhead"}
+    through_class["runtimeClassName"] = "kata"
     first = pod("first")
-    first["spec"] = dict(spec)
+    first["spec"] = dict(through_class)
     second = pod("second")
-    second["spec"] = dict(spec)
+    second["spec"] = dict(through_class)
     cluster.store.create(first)
     await bound(cluster, "first")
     cluster.store.create(second)

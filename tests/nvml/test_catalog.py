@@ -31,6 +31,24 @@ EXPECTED_PROFILES = {
     "B200": {"1g.23gb": 7, "1g.23gb+me": 1, "1g.45gb": 4, "2g.45gb": 3, "3g.90gb": 2,
              "4g.90gb": 1, "7g.180gb": 1},
     "A30-24GB": {"1g.6gb": 4, "1g.6gb+me": 1, "2g.12gb": 2, "2g.12gb+me": 1, "4g.24gb": 1},
+    # The newer GPUs of upstream's default config (operands/mig_configs.py).
+    "H100-NVL": {"1g.12gb": 7, "1g.12gb+me": 1, "1g.24gb": 4, "2g.24gb": 3, "3g.47gb": 2,
+                 "4g.47gb": 1, "7g.94gb": 1},
+    "GH200-96GB": {"1g.12gb": 7, "1g.12gb+me": 1, "1g.24gb": 4, "2g.24gb": 3, "3g.48gb": 2,
+                   "4g.48gb": 1, "7g.96gb": 1},
+    "GH200-144GB": {"1g.18gb": 7, "1g.18gb+me": 1, "1g.36gb": 4, "2g.36gb": 3, "3g.72gb": 2,
+                    "4g.72gb": 1, "7g.144gb": 1},
+    "GB200-186GB": {"1g.23gb": 7, "1g.23gb+me": 1, "1g.47gb": 4, "2g.47gb": 3, "3g.93gb": 2,
+                    "4g.93gb": 1, "7g.186gb": 1},
+    "GB200-189GB": {"1g.24gb": 7, "1g.24gb+me": 1, "1g.47gb": 4, "2g.47gb": 3, "3g.95gb": 2,
+                    "4g.95gb": 1, "7g.189gb": 1},
+    "B300": {"1g.34gb": 7, "1g.34gb+me": 1, "1g.67gb": 4, "2g.67gb": 3, "3g.135gb": 2,
+             "4g.135gb": 1, "7g.269gb": 1},
+    "GB300": {"1g.35gb": 7, "1g.35gb+me": 1, "1g.70gb": 4, "2g.70gb": 3, "3g.139gb": 2,
+              "4g.139gb": 1, "7g.278gb": 1},
+    "RTX-PRO-6000": {"1g.24gb": 4, "1g.24gb+me": 1, "1g.24gb+gfx": 4, "1g.24gb-me": 4,
+                     "1g.24gb+me.all": 1, "2g.48gb": 2, "2g.48gb+gfx": 2, "2g.48gb-me": 2,
+                     "2g.48gb+me.all": 1, "4g.96gb": 1, "4g.96gb+gfx": 1},
 }  # fmt: skip
 
 
@@ -100,7 +118,7 @@ def test_every_profile_name_is_consistent_with_its_memory() -> None:
         for prof in model.mig_profiles:
             derived = catalog.mig_profile_name(
                 prof.slice_count, prof.slice_count, prof.memory_mb, model.memory_mib,
-                prof.media_extensions,
+                suffix=catalog.profile_suffix(prof.profile_id),
             )  # fmt: skip
             assert derived == prof.name
 
@@ -119,6 +137,34 @@ def test_lookups_by_name_and_pci_id() -> None:
     assert catalog.by_pci_device_id(0x233010DE) is h100
     assert catalog.by_pci_device_id(0x12345678) is None
     assert h100.mig_profile("1g.10gb.me").name == "1g.10gb+me"
+
+
+def test_pci_variants_and_boards_sized_differently_resolve_to_one_model() -> None:
+    assert catalog.for_pci_device_id(0x233A10DE) is catalog.model("H100-NVL")  # H800 NVL
+    assert catalog.for_pci_device_id(0x232910DE) is catalog.model("GH200-96GB")  # H20
+    assert catalog.for_pci_device_id(0x233B10DE) is catalog.model("H200-141GB")  # H200 NVL
+    assert catalog.for_pci_device_id(0x12345678) is None
+    # GB200 under two drivers: one PCI id, told apart by the memory NVML reports.
+    assert catalog.for_pci_device_id(0x294110DE) is catalog.model("GB200-186GB")
+    assert catalog.for_pci_device_id(0x294110DE, 193024) is catalog.model("GB200-189GB")
+    assert catalog.for_pci_device_id(0x294110DE, 189471) is catalog.model("GB200-186GB")
+
+
+def test_rtx_pro_6000_profiles_carry_their_attribute_suffixes() -> None:
+    rtx = catalog.model("RTX-PRO-6000")
+    suffixes = {p.name: p.suffix for p in rtx.mig_profiles}
+    assert suffixes["1g.24gb+gfx"] == "+gfx"
+    assert suffixes["2g.48gb-me"] == "-me"
+    assert suffixes["1g.24gb+me.all"] == "+me.all"
+    assert suffixes["4g.96gb"] == ""
+    assert rtx.mig_profile("1g.24gb.me.all").profile_id == catalog.GI_PROFILE_1_SLICE_ALL_ME
+    # +me and +me.all both take the shared media engines; -me and +gfx do not.
+    owners = {p.name for p in rtx.mig_profiles if p.media_extensions}
+    assert owners == {"1g.24gb+me", "1g.24gb+me.all", "2g.48gb+me.all"}
+    assert [(pl.start, pl.size) for pl in rtx.mig_profile("2g.48gb+gfx").placements] == [
+        (0, 2),
+        (2, 2),
+    ]
 
 
 def test_unknown_model_lists_known_ones() -> None:

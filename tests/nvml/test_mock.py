@@ -260,12 +260,23 @@ PRESET_FOR = {
 }
 
 
+def open_model(key: str) -> tuple[mock.MockMachine, mock.MockNvml]:
+    """A preset with GPUs of `key`, or (models without one) a one-GPU machine of it."""
+    if key in PRESET_FOR:
+        return open_machine(PRESET_FOR[key])
+    spec = machines.from_dict({"name": key.lower(), "gpus": [{"model": key}]})
+    machine = mock.MockMachine(spec)
+    lib = machine.nvml()
+    lib.init()
+    return machine, lib
+
+
 @pytest.mark.parametrize("key", MIG_MODELS)
 def test_every_valid_layout_can_be_created_and_nothing_more_fits(key: str) -> None:
     model = catalog.model(key)
     layouts = _valid_layouts(model)
     assert len(layouts) > 20
-    machine, lib = open_machine(PRESET_FOR[key])
+    machine, lib = open_model(key)
     dev = enable_mig(machine, lib)
     for layout in layouts:
         created = [dev.create_gpu_instance(pid, pl) for pid, pl in layout]
@@ -326,10 +337,15 @@ def test_reference_consequences_on_a100() -> None:
         ("A30-24GB", ["1g.6gb"] * 5),
         ("A30-24GB", ["2g.12gb", "2g.12gb", "1g.6gb"]),
         ("A30-24GB", ["1g.6gb+me", "2g.12gb+me"]),
+        ("B300", ["1g.34gb"] * 8),
+        ("GB300", ["4g.139gb", "3g.139gb", "1g.35gb"]),
+        ("RTX-PRO-6000", ["1g.24gb+me", "1g.24gb+me.all"]),
+        ("RTX-PRO-6000", ["2g.48gb+gfx", "2g.48gb-me", "1g.24gb"]),
+        ("RTX-PRO-6000", ["4g.96gb+gfx", "1g.24gb+gfx"]),
     ],
 )
 def test_invalid_layouts_fail_with_insufficient_resources(key: str, names: list[str]) -> None:
-    machine, lib = open_machine(PRESET_FOR[key])
+    machine, lib = open_model(key)
     dev = enable_mig(machine, lib)
     model = catalog.model(key)
     *fits, last = names

@@ -85,10 +85,11 @@ def render(module: ModuleType, **sections: Any) -> dict[str, Any]:
 def test_names_selectors_and_node_selectors(module: ModuleType, name: str, deploy: str) -> None:
     ds = render(module)
     assert ds["metadata"]["name"] == name
-    assert ds["spec"]["selector"] == {"matchLabels": {"app": name}}
-    labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert labels["app"] == name
-    assert labels["nvidia.com/gpu-operator.state"] == module.NAME
+    # The whole selector and pod labels are pinned against upstream in test_parity_labels.py.
+    assert ds["spec"]["selector"]["matchLabels"]["app"] == name
+    assert ds["spec"]["template"]["metadata"]["labels"]["app"] == name
+    # The state label marks the DaemonSet for pruning; it is never on its pods.
+    assert ds["metadata"]["labels"]["nvidia.com/gpu-operator.state"] == module.NAME
     selector = pod(ds)["nodeSelector"]
     assert selector[f"nvidia.com/gpu.deploy.{deploy}"] == "true"
     expected_extra = {"nvidia.com/mps.capable": "true"} if module is mps_control_daemon else {}
@@ -191,7 +192,7 @@ def test_labels_and_annotations_go_to_template_and_metadata_but_not_selector_key
         assert meta["labels"]["app"] == "nvidia-device-plugin-daemonset"
         assert meta["annotations"] == {"a": "b"}
     template = ds["spec"]["template"]["metadata"]["labels"]
-    assert template["app.kubernetes.io/part-of"] == "nvidia-gpu"
+    assert "app.kubernetes.io/part-of" not in template  # upstream's plugin pods have none
     assert ds["spec"]["selector"] == {"matchLabels": {"app": "nvidia-device-plugin-daemonset"}}
 
 

@@ -74,9 +74,12 @@ def test_runtime_wiring(
     assert {k: env.get(k) for k in expected_env} == expected_env
     volumes = volumes_of(ds)
     assert {k: volumes[k]["hostPath"]["path"] for k in expected_host_dirs} == expected_host_dirs
-    for absent in ("runtime-socket", "runtime-drop-in-config", "crio-hooks"):
+    for absent in ("runtime-socket", "runtime-drop-in-config"):
         if absent not in expected_host_dirs:
             assert absent not in volumes
+    if runtime != "crio":
+        # Upstream's asset default, moved to CRI-O's hooks directory only on CRI-O nodes.
+        assert volumes["crio-hooks"]["hostPath"]["path"] == "/run/containers/oci/hooks.d"
     if runtime != "containerd":
         assert "CONTAINERD_RUNTIME_CLASS" not in env
 
@@ -91,7 +94,8 @@ def test_cdi_env() -> None:
         "NVIDIA_RUNTIME_SET_AS_DEFAULT": "false",
         "NVIDIA_CONTAINER_RUNTIME_MODE": "cdi",
     }
-    assert "CRIO_CONFIG_MODE" not in env
+    # Upstream sets CRI-O's config mode with CDI whatever the runtime.
+    assert env["CRIO_CONFIG_MODE"] == "config"
 
 
 def test_no_cdi() -> None:

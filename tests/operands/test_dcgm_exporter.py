@@ -24,32 +24,38 @@ def kinds(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def test_default_objects_in_apply_order() -> None:
     assert kinds(render(dcgm={"enabled": False})) == [
         ("ServiceAccount", "nvidia-dcgm-exporter"),
-        ("ConfigMap", "default-dcgm-exporter-metrics"),
+        ("Role", "nvidia-dcgm-exporter"),
+        ("RoleBinding", "nvidia-dcgm-exporter"),
         ("DaemonSet", "nvidia-dcgm-exporter"),
         ("Service", "nvidia-dcgm-exporter"),
     ]
 
 
-def test_default_metrics_csv_is_mounted() -> None:
+def test_without_a_metrics_config_map_the_image_default_counters_are_used() -> None:
+    # Upstream: DCGM_EXPORTER_COLLECTORS names the image's dcp-metrics-included.csv, and no
+    # ConfigMap is rendered or mounted.
     objects = render()
-    csv = find(objects, "ConfigMap")["data"]["dcgm-metrics.csv"]
-    rows = [line.split(", ") for line in csv.splitlines() if line and not line.startswith("#")]
-    assert len(rows) == 26
-    assert ["DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."] in rows
-    assert ["DCGM_FI_DRIVER_VERSION", "label", "Driver Version."] in rows
+    assert "ConfigMap" not in [k for k, _ in kinds(objects)]
     ds = find(objects, "DaemonSet")
-    assert mounts_of(ctr(ds, CTR))["/etc/dcgm-exporter/dcgm-metrics.csv"] == "metrics-config"
-    assert env_of(ctr(ds, CTR))["DCGM_EXPORTER_COLLECTORS"] == "/etc/dcgm-exporter/dcgm-metrics.csv"
+    exporter = ctr(ds, CTR)
+    assert env_of(exporter)["DCGM_EXPORTER_COLLECTORS"] == (
+        "/etc/dcgm-exporter/dcp-metrics-included.csv"
+    )
+    assert "metrics-config" not in volumes_of(ds)
+    assert "/etc/dcgm-exporter/dcgm-metrics.csv" not in mounts_of(exporter)
 
 
-def test_custom_metrics_config_map_replaces_the_default() -> None:
+def test_custom_metrics_config_map_is_mounted_and_named_in_the_env() -> None:
     facts = make_facts(config_map_keys={"my-metrics": ("dcgm-metrics.csv",)})
     objects = render(facts, dcgmExporter={"config": {"name": "my-metrics"}})
     assert "ConfigMap" not in [k for k, _ in kinds(objects)]
-    assert volumes_of(find(objects, "DaemonSet"))["metrics-config"]["configMap"] == {
+    ds = find(objects, "DaemonSet")
+    assert volumes_of(ds)["metrics-config"]["configMap"] == {
         "name": "my-metrics",
         "items": [{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}],
     }
+    assert mounts_of(ctr(ds, CTR))["/etc/dcgm-exporter/dcgm-metrics.csv"] == "metrics-config"
+    assert env_of(ctr(ds, CTR))["DCGM_EXPORTER_COLLECTORS"] == "/etc/dcgm-exporter/dcgm-metrics.csv"
 
 
 SEED_CSV = (
@@ -114,13 +120,6 @@ def test_unknown_contents_skip_the_line_check() -> None:
     # Offline rendering knows a ConfigMap's keys, not always its contents.
     facts = make_facts(config_map_keys={"m": ("dcgm-metrics.csv",)})
     assert find(render(facts, dcgmExporter={"config": {"name": "m"}}), "DaemonSet")
-
-
-def test_the_default_config_map_holds_the_exporters_own_default_counters() -> None:
-    from gpu_operator.agents.dcgm_exporter import counters
-
-    csv = find(render(), "ConfigMap")["data"]["dcgm-metrics.csv"]
-    assert csv == counters.default_text()
 
 
 @pytest.mark.parametrize(("dcgm_on", "expected"), [(True, "nvidia-dcgm:5555"), (False, None)])

@@ -157,13 +157,16 @@ def test_precompiled_one_daemonset_per_kernel() -> None:
     )
     assert ds["metadata"]["labels"]["nvidia.com/precompiled"] == "true"
     assert ctr(ds, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"] == 5
-    # Selectors of the per-kernel DaemonSets never overlap, and every pod keeps app=<driver>.
-    selectors = [d["spec"]["selector"]["matchLabels"] for d in daemonsets]
-    assert selectors[0] != selectors[1]
+    # As upstream: every per-kernel DaemonSet selects app=nvidia-driver-daemonset (selectors
+    # overlap; pods belong to the DaemonSet named in their controller reference).
     for d in daemonsets:
         labels = d["spec"]["template"]["metadata"]["labels"]
-        assert labels["app"] == "nvidia-driver-daemonset"
-        assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert d["spec"]["selector"] == {"matchLabels": {"app": "nvidia-driver-daemonset"}}
+        assert labels == {
+            "app": "nvidia-driver-daemonset",
+            "app.kubernetes.io/component": "nvidia-driver",
+            "nvidia.com/precompiled": "true",
+        }
 
 
 def test_precompiled_without_known_kernels_renders_only_rbac() -> None:

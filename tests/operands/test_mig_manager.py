@@ -1,13 +1,18 @@
-"""MIG manager: the default mig-parted config from the GPU catalog, and ConfigMap env rules."""
+"""MIG manager: the default ConfigMaps, their env and volume rules, and the entrypoint script.
+
+The default config's contents are checked against upstream's facts in test_mig_configs.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from operand_helpers import ctr, env_of, find, make_facts, make_policy, volumes_of
 
-from gpu_operator.nvml import catalog
 from gpu_operator.operands import mig_manager
 
 
@@ -37,46 +42,6 @@ def test_default_config_is_valid_mig_parted_yaml() -> None:
                 assert device_id.startswith("0x")
 
 
-def test_every_catalog_profile_has_an_all_config_at_max_count() -> None:
-    configs = default_config()["mig-configs"]
-    for model in catalog.mig_capable_models():
-        for profile in model.mig_profiles:
-            specs = configs[f"all-{profile.resource_name}"]
-            matching = [s for s in specs if model.pci_device_id_hex in s["device-filter"]]
-            assert matching == [
-                {
-                    "device-filter": matching[0]["device-filter"],
-                    "devices": "all",
-                    "mig-enabled": True,
-                    "mig-devices": {profile.name: profile.instance_count},
-                }
-            ]
-
-
-def test_reference_profiles() -> None:
-    configs = default_config()["mig-configs"]
-    assert {
-        "device-filter": ["0x20B010DE"],
-        "devices": "all",
-        "mig-enabled": True,
-        "mig-devices": {"1g.5gb": 7},
-    } in configs["all-1g.5gb"]
-    # Models with identical layouts share one spec (A100-80GB and H100 both have 3g.40gb x2).
-    (shared,) = configs["all-3g.40gb"]
-    assert set(shared["device-filter"]) == {"0x20B210DE", "0x233010DE"}
-    assert shared["mig-devices"] == {"3g.40gb": 2}
-    assert "all-1g.5gb.me" in configs
-
-
-def test_all_balanced_per_reference() -> None:
-    balanced = default_config()["mig-configs"]["all-balanced"]
-    by_id = {i: s["mig-devices"] for s in balanced for i in s["device-filter"]}
-    assert by_id["0x20B010DE"] == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
-    assert by_id["0x20B710DE"] == {"1g.6gb": 2, "2g.12gb": 1}
-    assert by_id["0x233510DE"] == {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}
-    assert set(by_id) == {m.pci_device_id_hex for m in catalog.mig_capable_models()}
-
-
 def test_default_config_env_and_volume() -> None:
     ds = find(render(), "DaemonSet")
     env = env_of(ctr(ds, "nvidia-mig-manager"))
@@ -92,7 +57,8 @@ def test_default_config_env_and_volume() -> None:
 
 def test_custom_config_maps_replace_the_defaults() -> None:
     objects = render(config={"name": "my-mig"}, gpuClientsConfig={"name": "my-clients"})
-    assert [o for o in objects if o["kind"] == "ConfigMap"] == []
+    names = [o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"]
+    assert names == ["nvidia-mig-manager-entrypoint"]  # the start script is not configurable
     ds = find(objects, "DaemonSet")
     assert env_of(ctr(ds, "nvidia-mig-manager"))["CONFIG_FILE"] == "/mig-parted-config/config.yaml"
     assert "DEFAULT_CONFIG_FILE" not in env_of(ctr(ds, "nvidia-mig-manager"))
@@ -115,3 +81,54 @@ def test_gpu_clients_default() -> None:
 def test_user_env_wins() -> None:
     ds = find(render(env=[{"name": "WITH_REBOOT", "value": "true"}]), "DaemonSet")
     assert env_of(ctr(ds, "nvidia-mig-manager"))["WITH_REBOOT"] == "true"
+
+
+def test_the_manager_starts_through_upstreams_entrypoint_config_map() -> None:
+    objects = render()
+    script = find(objects, "ConfigMap", "nvidia-mig-manager-entrypoint")["data"]["entrypoint.sh"]
+    ds = find(objects, "DaemonSet")
+    main = ctr(ds, "nvidia-mig-manager")
+    assert main["command"] == ["/bin/sh", "-c"]
+    assert main["args"] == ["/bin/entrypoint.sh"]
+    assert {
+        "name": "nvidia-mig-manager-entrypoint",
+        "mountPath": "/bin/entrypoint.sh",
+        "readOnly": True,
+        "subPath": "entrypoint.sh",
+    } in main["volumeMounts"]
+    assert volumes_of(ds)["nvidia-mig-manager-entrypoint"]["configMap"] == {
+        "name": "nvidia-mig-manager-entrypoint",
+        "defaultMode": 448,
+    }
+    assert "/run/nvidia/validations/driver-ready" in script
+    assert script.rstrip().endswith("exec nvidia-mig-manager")
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        ("IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n", "true"),
+        ('IS_HOST_DRIVER="false"\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n', "false"),
+        ("NVIDIA_DRIVER_ROOT=/run/nvidia/driver\n", "false"),
+    ],
+)
+def test_entrypoint_stops_host_gpu_services_only_with_a_host_driver(
+    tmp_path: Path, marker: str, expected: str
+) -> None:
+    ready = tmp_path / "driver-ready"
+    ready.write_text(marker)
+    # The script as shipped, with the marker path and the manager swapped for test doubles.
+    script = mig_manager.ENTRYPOINT.replace(
+        "/run/nvidia/validations/driver-ready", str(ready)
+    ).replace("exec nvidia-mig-manager", "exec env")
+    run = subprocess.run(
+        ["/bin/sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"PATH": os.environ["PATH"], "NVIDIA_DRIVER_ROOT": "/driver-root"},
+        check=True,
+    )
+    env = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    assert env["WITH_SHUTDOWN_HOST_GPU_CLIENTS"] == expected
+    assert env["NVIDIA_DRIVER_ROOT"] == "/driver-root"  # the container's own env is kept

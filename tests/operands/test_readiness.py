@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.operands.readiness import daemonset_readiness
+from gpu_operator.operands.readiness import daemonset_readiness, termination_message
 
 UID = "ds-uid"
 
@@ -197,6 +197,69 @@ def test_unavailable_pods_are_explained_by_the_first_concrete_problem() -> None:
             ),
             "n: init container toolkit-validation terminated with exit code 1 (Error)",
         ),
+        (
+            pod(
+                "n",
+                phase="Pending",
+                init=[
+                    {
+                        "name": "cuda-validation",
+                        "ready": False,
+                        "restartCount": 3,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                        "lastState": {
+                            "terminated": {
+                                "exitCode": 1,
+                                "reason": "Error",
+                                "message": "cuda: pod nvidia-cuda-validator-x7k2p failed\n",
+                            }
+                        },
+                    }
+                ],
+                containers=[],
+            ),
+            "n: init container cuda-validation in CrashLoopBackOff: cuda: pod "
+            "nvidia-cuda-validator-x7k2p failed (restarted 3 times)",
+        ),
+        (
+            pod(
+                "n",
+                phase="Pending",
+                init=[
+                    {
+                        "name": "driver-validation",
+                        "ready": False,
+                        "state": {
+                            "terminated": {
+                                "exitCode": 1,
+                                "reason": "Error",
+                                "message": "log line\ndriver: not ready\n\n",
+                            }
+                        },
+                    }
+                ],
+                containers=[],
+            ),
+            "n: init container driver-validation terminated with exit code 1 (Error): "
+            "driver: not ready",
+        ),
+        (
+            pod(
+                "n",
+                phase="Pending",
+                init=[
+                    {
+                        "name": "cuda-validation",
+                        "ready": False,
+                        "restartCount": 2,
+                        "state": {"running": {}},
+                        "lastState": {"terminated": {"exitCode": 1, "message": "cuda: failed"}},
+                    }
+                ],
+                containers=[],
+            ),
+            "n: init container cuda-validation is retrying (restarted 2 times): cuda: failed",
+        ),
     ],
 )
 def test_problem_descriptions(bad_pod: dict[str, Any], fragment: str) -> None:
@@ -238,3 +301,11 @@ def test_on_delete_not_running_pod_is_not_ready() -> None:
 def test_on_delete_revision_from_name_when_unlabelled() -> None:
     revisions = [{"metadata": {"name": "nvidia-driver-daemonset-new"}, "revision": 3}]
     assert daemonset_readiness(ds("OnDelete"), [pod("a"), pod("b"), pod("c")], revisions).ready
+
+
+def test_a_long_termination_message_is_shortened_to_a_status_line() -> None:
+    long = "cuda: " + "x" * 400
+    quoted = termination_message({"message": long})
+    assert len(quoted) == 300
+    assert quoted.startswith("cuda: x")
+    assert quoted.endswith("...")

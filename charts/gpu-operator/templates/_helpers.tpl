@@ -93,8 +93,8 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 - nvidia-gpu-driver
 - nvidia-gpu-feature-discovery
 - nvidia-kata-sandbox-device-plugin
+- nvidia-device-plugin-mps-control-daemon
 - nvidia-mig-manager
-- nvidia-mps-control-daemon
 - nvidia-node-status-exporter
 - nvidia-operator-validator
 - nvidia-sandbox-device-plugin
@@ -108,12 +108,15 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 {{/* Namespaced Roles the operator renders for its operands. */}}
 {{- define "gpu-operator.operandRoles" -}}
 - nvidia-container-toolkit
+- nvidia-dcgm
+- nvidia-dcgm-exporter
 - nvidia-device-plugin
+- nvidia-device-plugin-mps-control-daemon
 - nvidia-driver
 - nvidia-gpu-driver
 - nvidia-gpu-feature-discovery
 - nvidia-mig-manager
-- nvidia-mps-control-daemon
+- nvidia-node-status-exporter
 - nvidia-operator-validator
 - nvidia-vfio-manager
 - nvidia-vgpu-driver

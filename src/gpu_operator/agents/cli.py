@@ -7,12 +7,15 @@ from pathlib import Path
 
 import typer
 
+from gpu_operator.agents.container_toolkit import cli as _container_toolkit_cli
 from gpu_operator.agents.dcgm_exporter import cli as _dcgm_exporter_cli
 from gpu_operator.agents.device_plugin import cli as _device_plugin_cli
+from gpu_operator.agents.driver_manager import cli as _driver_manager_cli
 from gpu_operator.agents.mig_manager import cli as _mig_manager_cli
 from gpu_operator.agents.node_status_exporter import cli as _node_status_exporter_cli
 from gpu_operator.agents.sandbox_device_plugin import cli as _sandbox_device_plugin_cli
 from gpu_operator.agents.sandbox_validator import cli as _sandbox_validator_cli
+from gpu_operator.agents.validator import cli as _validator_cli
 from gpu_operator.agents.vfio_manager import cli as _vfio_manager_cli
 from gpu_operator.agents.vgpu_device_manager import cli as _vgpu_device_manager_cli
 
@@ -165,6 +168,12 @@ _device_plugin_cli.register(app)
 _mig_manager_cli.register(app)
 _dcgm_exporter_cli.register(app)
 _node_status_exporter_cli.register(app)
+# The node readiness chain's checks (docs/node-chain.md).
+_validator_cli.register(app)
+# The driver DaemonSets' init container (also the VFIO and vGPU managers').
+_driver_manager_cli.register(app)
+# The toolkit DaemonSet's main container (the node's container runtime config).
+_container_toolkit_cli.register(app)
 # The VM-workload agents (KubeVirt): docs/vm-workloads.md.
 _vfio_manager_cli.register(app)
 _vgpu_device_manager_cli.register(app)

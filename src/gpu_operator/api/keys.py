@@ -23,6 +23,10 @@ GPU_PRODUCT = "nvidia.com/gpu.product"
 GPU_WORKLOAD_CONFIG = "nvidia.com/gpu.workload.config"
 DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
+# k8s-driver-manager's value of DEPLOY_DRIVER on a node whose host already runs a driver
+# (`nvidia-smi` works in the host root): the driver DaemonSet then leaves the node.
+DRIVER_PREINSTALLED = "pre-installed"
 MIG_CAPABLE = "nvidia.com/mig.capable"
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"

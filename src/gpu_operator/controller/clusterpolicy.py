@@ -302,6 +302,7 @@ class ClusterPolicyReconciler(Reconciler):
                 has_nfd=facts.has_nfd,
                 gpu_nodes=facts.gpu_node_count,
                 label_conflicts=sum(len(c) for c in self.nodes.conflicts.values()),
+                preinstalled_drivers=self.preinstalled_drivers(),
             ),
             namespace=namespace,
             now=now(),
@@ -318,6 +319,18 @@ class ClusterPolicyReconciler(Reconciler):
         self.metrics.auto_upgrade.set(1 if label_policy and label_policy.upgrade_annotation else 0)
         if ready:
             self.metrics.last_success.set(time.time())
+
+    def preinstalled_drivers(self) -> tuple[str, ...]:
+        """GPU nodes whose host runs its own driver while the policy installs drivers."""
+        policy = self.nodes.label_policy
+        names = (
+            str((node.get("metadata") or {}).get("name"))
+            for node in self.caches[NODES].objects.values()
+            if labelling.preinstalled_conflict(
+                (node.get("metadata") or {}).get("labels") or {}, policy
+            )
+        )
+        return tuple(sorted(names))
 
     def _owner_reference(self, active: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -465,6 +478,7 @@ def _facts_input(node: dict[str, Any] | None) -> tuple[Any, ...]:
         labels.get(keys.NFD_OS_VERSION_ID),
         labels.get(keys.NFD_KERNEL_FULL),
         facts_mod.runtime_of(node),
+        labels.get(keys.DEPLOY_DRIVER),  # a preinstalled driver shows in the status
     )
 
 

@@ -11,10 +11,12 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpu_operator.api import keys
 from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch
 from gpu_operator.nodes import labelling, ledger
 
 NODE_PREFIX = "node"
+PREINSTALLED_REASON = "PreinstalledDriver"
 NODES = "nodes"
 
 # Given a cached node (strip.node), the owner label it should carry; None leaves it alone.
@@ -34,6 +36,7 @@ class NodeLabels(Reconciler):
         # Nodes whose labels may still need a write; the policy is not ready while any remain.
         self.pending: set[str] = set()
         self._reported_conflicts: set[tuple[str, str]] = set()
+        self._reported_preinstalled: set[str] = set()
         # Set by the ClusterPolicy reconciler: the answer to "is there a policy in charge?",
         # and what to call when the last pending node settles or conflicts change.
         self.has_policy: Callable[[], bool] = lambda: False
@@ -118,3 +121,23 @@ class NodeLabels(Reconciler):
             self.conflicts.pop(name, None)
         if had != bool(plan.conflicts):
             self.on_settled()
+        await self._report_preinstalled(name, meta)
+
+    async def _report_preinstalled(self, name: str, meta: Mapping[str, Any]) -> None:
+        """One Event per node whose host runs its own driver while the policy installs drivers:
+        the operator leaves such a node alone (no relabel, no restart), and says what to do."""
+        if not labelling.preinstalled_conflict(meta.get("labels") or {}, self.label_policy):
+            self._reported_preinstalled.discard(name)
+            return
+        if name in self._reported_preinstalled:
+            return
+        self._reported_preinstalled.add(name)
+        await self.rt.writer.event(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+             "uid": meta.get("uid")}},
+            reason=PREINSTALLED_REASON, type_="Warning",
+            message=f"node {name} already runs a preinstalled NVIDIA driver "
+            f"({keys.DEPLOY_DRIVER}={keys.DRIVER_PREINSTALLED}): the operator's driver does not "
+            "run here while driver.enabled=true; create the node pool with --gpu-driver none, "
+            "or set driver.enabled=false",
+        )  # fmt: skip

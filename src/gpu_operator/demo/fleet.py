@@ -11,7 +11,7 @@ from typing import Literal
 import pydantic
 
 from gpu_operator.api import keys, manifests
-from gpu_operator.nvml import machines
+from gpu_operator.nvml import driver_branches, machines
 
 RUNTIME_VERSIONS = {
     "containerd": "containerd://2.0.5",
@@ -24,6 +24,11 @@ OS_IMAGES = {
     ("rhel", "9.4"): "Red Hat Enterprise Linux 9.4 (Plow)",
     ("rocky", "9.4"): "Rocky Linux 9.4 (Blue Onyx)",
 }
+
+
+# The driver an AKS GPU node image brings when the node pool is created without
+# `--gpu-driver none` (a current 570-branch data-center driver).
+DEFAULT_HOST_DRIVER = "570.195.03"
 
 
 class FleetError(ValueError):
@@ -46,8 +51,57 @@ class Pool(_Strict):
     os_version: str = pydantic.Field(default="22.04", alias="osVersion")
     kernel: str = "6.8.0-52-generic"
     runtime: Literal["containerd", "cri-o", "docker"] = "containerd"
+    # The runtime's version (containerd 2.x reads config version 3, 1.7 version 2); None: the
+    # default of RUNTIME_VERSIONS.
+    runtime_version: str | None = pydantic.Field(
+        default=None, alias="runtimeVersion", pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?$"
+    )
     workload: Literal["container", "vm-passthrough", "vm-vgpu"] | None = None
     labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    # Who brings the NVIDIA driver: the operator's driver container, or the node image itself
+    # (`preinstalled`: modules loaded at boot, nvidia-smi and libraries on the host).
+    driver: Literal["operator", "preinstalled"] = "operator"
+    driver_version: str | None = pydantic.Field(default=None, alias="driverVersion")
+    # UEFI Secure Boot: the kernel then loads signed modules only.
+    secure_boot: bool = pydantic.Field(default=False, alias="secureBoot")
+
+    @pydantic.field_validator("driver_version")
+    @classmethod
+    def _driver_version(cls, value: str | None) -> str | None:
+        if value is not None:
+            driver_branches.cuda_driver_version(value)  # DriverVersionError is a ValueError
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _host_driver(self) -> Pool:
+        if self.driver == "preinstalled":
+            if self.machine is None:
+                raise ValueError("driver: preinstalled needs a GPU machine (this pool has none)")
+            if self.workload in ("vm-passthrough", "vm-vgpu"):
+                raise ValueError(
+                    f"driver: preinstalled cannot serve workload {self.workload}: a host driver "
+                    "holds the GPUs that VM workloads need free"
+                )
+        elif self.driver_version is not None:
+            raise ValueError(
+                "driverVersion: only for driver: preinstalled (the operator's driver version "
+                "comes from its driver image)"
+            )
+        return self
+
+    @property
+    def container_runtime_version(self) -> str:
+        """The runtime's version without the scheme: `2.0.5`."""
+        if self.runtime_version is not None:
+            return self.runtime_version.lstrip("v")
+        return RUNTIME_VERSIONS[self.runtime].split("://", 1)[1]
+
+    @property
+    def host_driver(self) -> str | None:
+        """The version of the driver the node image brings, None when the operator brings it."""
+        if self.driver != "preinstalled":
+            return None
+        return self.driver_version or DEFAULT_HOST_DRIVER
 
     @pydantic.field_validator("machine")
     @classmethod
@@ -113,6 +167,13 @@ NAMED: dict[str, Fleet] = {
                 "osVersion": "24.04",
                 "kernel": "6.8.0-60-generic",
             },
+            {"name": "cpu", "count": 1},
+        ),
+        # AKS node pools created without `--gpu-driver none` (seed documents 000/001): the node
+        # image brings the driver, which the operator's driver must not fight.
+        _fleet(
+            "aks-preinstalled",
+            {"name": "t4", "machine": "t4x4", "count": 2, "driver": "preinstalled"},
             {"name": "cpu", "count": 1},
         ),
         _fleet(
@@ -235,7 +296,7 @@ def plan_nodes(fleet: Fleet) -> list[NodePlan]:
     for pool in fleet.pools:
         labels = node_labels(pool)
         info = {
-            "containerRuntimeVersion": RUNTIME_VERSIONS[pool.runtime],
+            "containerRuntimeVersion": f"{pool.runtime}://{pool.container_runtime_version}",
             "kernelVersion": pool.kernel,
             "osImage": OS_IMAGES.get((pool.os, pool.os_version), f"{pool.os} {pool.os_version}"),
         }
@@ -253,7 +314,10 @@ def describe(fleet: Fleet) -> Sequence[str]:
     lines = []
     for pool in fleet.pools:
         what = pool.machine or "CPU only"
+        extra = f", preinstalled driver {pool.host_driver}" if pool.host_driver else ""
+        extra += ", Secure Boot" if pool.secure_boot else ""
         lines.append(
-            f"{pool.count} x {what} ({pool.name}; {pool.os} {pool.os_version}, {pool.runtime})"
+            f"{pool.count} x {what} ({pool.name}; {pool.os} {pool.os_version}, {pool.runtime}"
+            f"{extra})"
         )
     return lines

@@ -6,6 +6,8 @@ host would have them: PCI functions under `/sys/bus/pci/devices/<domain:bus:dev.
 `/sys/devices/pci<domain>:<bus>/...`), `/etc/os-release`, the kernel release in
 `/proc/sys/kernel/osrelease` and its config in `/boot/config-<release>`, `/proc/cpuinfo` and
 `/proc/modules`. Nothing here writes node labels: NFD derives them (`gpu_operator.demo.nfd`).
+A Secure Boot host has UEFI's `SecureBoot` variable set; a pool with a preinstalled driver boots
+with it loaded (`gpu_operator.demo.driver.install_host_driver`).
 GPUs with display outputs also have their audio function (`.1`), and the VM-facing layer (IOMMU
 groups, drivers, SR-IOV, `modules.alias`) comes from `gpu_operator.agents.pci.simulated`.
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from gpu_operator.agents.pci import models as vm_models
 from gpu_operator.agents.pci import simulated as pci_host
+from gpu_operator.demo import driver
 from gpu_operator.demo.fleet import Pool
 from gpu_operator.nvml import mock
 
@@ -199,6 +202,16 @@ def write(root: Path, pool: Pool, machine: mock.MockMachine | None, *, iommu: bo
             link.symlink_to(Path("../../../devices") / f"pci{domain}:{bus}" / function.address)
     # What VM workloads need on top: IOMMU groups, drivers, SR-IOV, modules (agents.pci).
     pci_host.prepare(root, iommu=iommu)
+    if pool.secure_boot:
+        # The EFI variable: 4 bytes of attributes (non-volatile, boot and runtime access), then
+        # the value; the kernel then enforces module signatures (lockdown "integrity").
+        variable = root / pci_host.SECURE_BOOT_VARIABLE
+        variable.parent.mkdir(parents=True, exist_ok=True)
+        variable.write_bytes(b"\x06\x00\x00\x00\x01")
+        _file(root / "sys" / "kernel" / "security" / "lockdown",
+              "none [integrity] confidentiality\n")  # fmt: skip
+    if pool.host_driver is not None:
+        driver.install_host_driver(root, pool.host_driver)
 
 
 def _file(path: Path, text: str) -> None:

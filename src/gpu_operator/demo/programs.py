@@ -1,9 +1,11 @@
 """The node programs of the demo: the real agents (GFD, device plugin, config manager, MPS
-control daemon, ...) on each node's mock GPUs, and simulations of the operands whose agents do not
-exist yet (driver, toolkit, validator, ...).
+control daemon, ...) on each node's mock GPUs, the driver container on each node's simulated
+host (`demo.driver`), the validator in every validation init container (`demo.validator`), and
+simulations of the operands whose agents do not exist yet.
 
-Simulated operands wait for what they depend on, as the real validation init containers do
-(driver -> toolkit -> device plugin), and take a realistic, per-node jittered time to get ready.
+Operands wait for what they depend on through the validator's marker files, as on a real node
+(driver -> toolkit -> device plugin); simulated ones take a realistic, per-node jittered time to
+get ready.
 """
 
 from __future__ import annotations
@@ -12,15 +14,28 @@ import asyncio
 import datetime as dt
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import kubesim
-from gpu_operator.api import keys
-from gpu_operator.demo import agent_pods, exporters, gpu_faults, nvidia_smi, vm
+from gpu_operator.demo import (
+    agent_pods,
+    containerd,
+    cuda_samples,
+    exporters,
+    gpu_faults,
+    nvidia_smi,
+    runtime_boot,
+    vm,
+)
+from gpu_operator.demo import driver as driver_demo
+from gpu_operator.demo import driver_manager as driver_manager_demo
 from gpu_operator.demo import mig as mig_demo
+from gpu_operator.demo import toolkit as toolkit_demo
+from gpu_operator.demo import validator as validator_demo
 from gpu_operator.demo.processes import ProcessTable
 from gpu_operator.nvml import mock
 from gpu_operator.operands import config_manager as cm_operand
+from gpu_operator.operands import registry
 from kubesim import PodContext
 
 log = logging.getLogger("gpu_operator.demo")
@@ -33,35 +48,23 @@ DRIVER_APP_PREFIX = "nvidia-driver-daemonset"
 DRIVER_CTR = "nvidia-driver-ctr"
 # Seconds each simulated main container takes to get ready (before jitter and scaling).
 MAIN_DELAYS: dict[str, float] = {
-    DRIVER_APP_PREFIX: 3.0,  # module build and load
-    "nvidia-container-toolkit-daemonset": 0.8,
     "nvidia-device-plugin-daemonset": 0.5,
     "nvidia-device-plugin-mps-control-daemon": 0.5,
-    "nvidia-operator-validator": 0.2,
     "nvidia-dcgm": 0.8,
     "nvidia-dcgm-exporter": 1.0,
     "nvidia-mig-manager": 0.6,
     "nvidia-node-status-exporter": 0.3,
 }
 DEFAULT_MAIN_DELAY = 0.5
-INIT_DELAYS: dict[str, float] = {"k8s-driver-manager": 0.3, "cuda-validation": 0.4}
+INIT_DELAYS: dict[str, float] = {}
 DEFAULT_INIT_DELAY = 0.1
-# Init containers that wait for an operand on the same node (the validator's marker files).
-WAITS_FOR: dict[str, str] = {
-    "driver-validation": "driver",
-    "toolkit-validation": "toolkit",
-    "plugin-validation": "device-plugin",
-}
-# Which milestone a main container reaches when it is ready.
-MILESTONES: dict[str, str] = {
-    DRIVER_APP_PREFIX: "driver",
-    "nvidia-container-toolkit-daemonset": "toolkit",
-    "nvidia-device-plugin-daemonset": "device-plugin",
-}
 # Operands whose real agent runs in the demo; every other operand is simulated.
 REAL_AGENTS = frozenset(
-    {GFD_APP, mig_demo.APP, PLUGIN_APP, MPS_APP, *exporters.APPS, *vm.REAL_AGENTS}
-)
+    {GFD_APP, mig_demo.APP, PLUGIN_APP, MPS_APP, *exporters.APPS, *vm.REAL_AGENTS,
+     DRIVER_APP_PREFIX,  # the driver container on the simulated host (demo.driver)
+     toolkit_demo.APP,
+     validator_demo.VALIDATOR_APP}  # the validator in its init containers (demo.validator)
+)  # fmt: skip
 
 
 # DCGM's load generators (by CUDA major version) and the utilisation they drive (percent).
@@ -96,14 +99,10 @@ class Timing:
 
 @dataclass
 class SimNode:
-    """One simulated node: its mock GPUs (None on CPU nodes) and operand milestones."""
+    """One simulated node: its mock GPUs (None on CPU nodes)."""
 
     name: str
     machine: mock.MockMachine | None
-    milestones: dict[str, asyncio.Event] = field(default_factory=dict)
-
-    def milestone(self, name: str) -> asyncio.Event:
-        return self.milestones.setdefault(name, asyncio.Event())
 
 
 def app_of(ctx: PodContext) -> str:
@@ -121,6 +120,8 @@ class Programs:
         self.nodes: dict[str, SimNode] = {}
         # Simulated processes of operand pods, for the config manager's signals.
         self.processes = ProcessTable()
+        # Each node's container runtime (demo.containerd), the kubelets' CRI hook.
+        self.runtimes = containerd.NodeRuntimes()
 
     def add_node(self, name: str, machine: mock.MockMachine | None) -> None:
         self.nodes[name] = SimNode(name, machine)
@@ -128,13 +129,61 @@ class Programs:
     def node(self, name: str) -> SimNode:
         return self.nodes.setdefault(name, SimNode(name, None))
 
-    def register(self) -> None:
-        """Operand pods (by the operator's state label) get ours; other pods run as kubesim runs
-        them (a container with a command finishes, one without keeps serving)."""
-        self.sim.register_pod_runner(
-            self.operand, label_selector=keys.OPERATOR_STATE_LABEL, reports_readiness=True
+    def runtime(self, name: str) -> containerd.SimulatedRuntime | None:
+        """The node's container runtime (None on Docker nodes, which kubesim runs unchecked)."""
+        return self.runtimes.get(name)
+
+    def boot_runtime(self, name: str, runtime: str, version: str) -> None:
+        """Write the node's original runtime configuration and start its runtime; the node
+        follows the runtime (NotReady while it is down)."""
+        root = self.sim.node_root(name)
+        runtime_boot.write(root, runtime, version)
+        machine = self.node(name).machine
+        devices = None if machine is None else lambda: containerd.device_table(machine)
+        simulated: containerd.SimulatedRuntime
+        if runtime == "containerd":
+            simulated = containerd.SimulatedContainerd(name, root, version=version, devices=devices)
+        elif runtime == "cri-o":
+            simulated = containerd.SimulatedCrio(name, root, version=version, devices=devices)
+        else:
+            return
+        self.runtimes.add(simulated)
+        if not simulated.start():
+            self.sim.set_node_ready(name, False)
+
+        def follow(up: bool, _reason: str) -> None:
+            self.sim.set_node_ready(name, up)
+
+        simulated.on_state = follow
+
+    def injected(self, view: kubesim.ContainerView) -> containerd.Injection | None:
+        """What the node's container runtime put into this container (contract C2)."""
+        runtime = self.runtimes.get(view.node_name)
+        if runtime is not None:
+            return runtime.injected(view)
+        # Docker nodes have no simulated runtime: the device plugin's allocation stands for it.
+        visible = nvidia_smi.visible_devices(view.env, view.allocation)
+        if visible is None:
+            return None
+        return containerd.Injection(
+            handler="",
+            mode="legacy",
+            all_gpus=visible.all,
+            gpu_ids=visible.ids,
+            uuids=tuple(exporters.allocation_uuids(view.allocation)),
+            mounts=("/usr/bin/nvidia-smi",),
         )
+
+    def register(self) -> None:
+        """Operand pods (by upstream's pod labels: their `app`, or a driver pool's component) get
+        ours; other pods run as kubesim runs them (a container with a command finishes, one
+        without keeps serving)."""
+        for selector in registry.OPERAND_POD_SELECTORS:
+            self.sim.register_pod_runner(
+                self.operand, label_selector=selector, reports_readiness=True
+            )
         # What the NVIDIA container runtime puts into GPU containers (and the driver ships).
+        self.sim.register_container_runtime(self.runtimes)
         self.sim.register_program("nvidia-smi", self.nvidia_smi, available=self.has_nvidia_smi)
         self.sim.register_program(
             "demo-gpu-fault", self.gpu_fault, available=self._gpu_driver_container
@@ -143,11 +192,13 @@ class Programs:
         # container's mock GPUs (utilisation, memory, power, temperature) for its duration.
         for name in PROFTESTERS:
             self.sim.register_program(name, self.proftester, available=self.has_gpus)
+        # The validator image's CUDA sample, which its cuda and plugin workload pods run.
+        self.sim.register_program("vectorAdd", self.vector_add, available=self.has_gpus)
 
     @staticmethod
     def _driver_container(view: kubesim.ContainerView) -> bool:
-        app = (view.pod["metadata"].get("labels") or {}).get("app", "")
-        return app.startswith(DRIVER_APP_PREFIX) and view.container_name == DRIVER_CTR
+        labels = view.pod["metadata"].get("labels") or {}
+        return driver_demo.is_driver_pod(labels) and view.container_name == DRIVER_CTR
 
     def has_nvidia_smi(self, view: kubesim.ContainerView) -> bool:
         """GPU containers (the runtime injected devices) and the driver container have it."""
@@ -155,7 +206,8 @@ class Programs:
             return False
         if self._driver_container(view):
             return True
-        return nvidia_smi.has_nvidia_smi(view.env, view.allocation)
+        injection = self.injected(view)
+        return injection is not None and injection.nvidia_smi
 
     async def nvidia_smi(self, run: kubesim.ProgramRun) -> int:
         """`nvidia-smi` on the node's mock GPUs, showing the container's devices only."""
@@ -171,8 +223,15 @@ class Programs:
                 machine.reset(index)
                 return machine.gpus[index].bus_id
 
+        elif not self.has_nvidia_smi(run.view) and run.argv[0].startswith("/"):
+            # The driver's own nvidia-smi that a volume brings (the host's, or the driver
+            # container's root): the privileged validator runs it and sees every GPU.
+            visible = nvidia_smi.Visible(all=True)
         else:
-            visible = nvidia_smi.visible_devices(run.view.env, run.view.allocation)
+            injection = self.injected(run.view)
+            visible = None
+            if injection is not None:
+                visible = nvidia_smi.Visible(all=injection.all_gpus, ids=injection.gpu_ids)
         code, text = nvidia_smi.run(
             machine.nvml(),
             visible or nvidia_smi.Visible(),
@@ -184,16 +243,18 @@ class Programs:
         return code
 
     def has_gpus(self, view: kubesim.ContainerView) -> bool:
-        """Containers the device plugin gave GPUs on a node with mock GPUs."""
+        """Containers the runtime put GPUs into, on a node with mock GPUs."""
         machine = self.node(view.node_name).machine
-        return machine is not None and bool(exporters.allocation_uuids(view.allocation))
+        injection = self.injected(view)
+        return machine is not None and injection is not None and bool(injection.uuids)
 
     async def proftester(self, run: kubesim.ProgramRun) -> int:
         """`dcgmproftester12 [-t FIELD] [-d SECONDS] [--no-dcgm-validation]`: load on the
         container's GPUs for the duration (default 30 s), as the real tool generates it."""
         machine = self.node(run.view.node_name).machine
-        uuids = exporters.allocation_uuids(run.view.allocation)
+        injection = self.injected(run.view)
         assert machine is not None  # present only where the container has mock GPUs
+        uuids = list(injection.uuids) if injection is not None else []
         try:
             seconds = _option_value(run.argv[1:], "-d", "30")
             duration = float(seconds)
@@ -210,6 +271,19 @@ class Programs:
             machine.stop_workload(job)
         run.stdout.write("Done\n")
         return 0
+
+    async def vector_add(self, run: kubesim.ProgramRun) -> int:
+        """`vectorAdd` on the first GPU the runtime put into the container (demo.cuda_samples)."""
+        machine = self.node(run.view.node_name).machine
+        injection = self.injected(run.view)
+        assert machine is not None  # present only where the container has mock GPUs
+        visible = nvidia_smi.Visible()
+        if injection is not None:
+            visible = nvidia_smi.Visible(all=injection.all_gpus, ids=injection.gpu_ids)
+        code, out, err = cuda_samples.run(machine.nvml(), visible, dt.datetime.now())
+        run.stdout.write(out)
+        run.stderr.write(err)
+        return code
 
     def _gpu_driver_container(self, view: kubesim.ContainerView) -> bool:
         return self._driver_container(view) and self.node(view.node_name).machine is not None
@@ -234,12 +308,20 @@ class Programs:
             return await agent_pods.config_manager(ctx, self.processes)
         if app_of(ctx) == MPS_APP and ctx.container_name in MPS_CONTAINERS:
             return await agent_pods.mps_control_daemon(ctx, node.machine, self.processes)
-        if vm.handles(ctx):  # VM-workload operands and the driver manager (demo.vm)
+        if ctx.container_name == driver_manager_demo.CONTAINER:  # driver, VFIO, vGPU managers
+            return await driver_manager_demo.run(ctx, node.machine)
+        if vm.handles(ctx):  # the VM-workload operands (demo.vm)
             return await vm.run(ctx)
+        if driver_demo.handles(ctx):  # the driver container on the node's simulated host
+            host = driver_demo.Host(
+                node.machine, lambda base, what: self._sleep(base, node.name, f"driver/{what}")
+            )
+            return await driver_demo.run(ctx, host)
+        if toolkit_demo.handles(ctx):  # the container toolkit agent (demo.toolkit)
+            return await self._toolkit(ctx, node)
+        if validator_demo.handles(ctx):  # validations and the validator (demo.validator)
+            return await validator_demo.run(ctx)
         if ctx.init:
-            needed = WAITS_FOR.get(ctx.container_name)
-            if needed is not None:
-                await node.milestone(needed).wait()
             await self._sleep(
                 INIT_DELAYS.get(ctx.container_name, DEFAULT_INIT_DELAY), node.name,
                 ctx.container_name,
@@ -258,28 +340,18 @@ class Programs:
 
     async def _simulated(self, ctx: PodContext, node: SimNode, app: str) -> int:
         await self._sleep(MAIN_DELAYS.get(app, DEFAULT_MAIN_DELAY), node.name, app)
-        milestone = MILESTONES.get(app)
-        if app == DRIVER_APP_PREFIX:
-            vm.driver_loaded(ctx)  # the GPUs bind to nvidia on the node's simulated PCI host
-        if milestone is not None:
-            node.milestone(milestone).set()
         ctx.set_ready(True)
-        try:
-            await ctx.stopping.wait()
-        finally:
-            if milestone is not None:
-                node.milestone(milestone).clear()
-            if app == DRIVER_APP_PREFIX:
-                vm.driver_stopped(ctx)
+        await ctx.stopping.wait()
         return 0
 
+    async def _toolkit(self, ctx: PodContext, node: SimNode) -> int:
+        """The real toolkit agent (the validator's toolkit-validation checks its work)."""
+        return await toolkit_demo.run(
+            ctx, node.machine, self.runtime(node.name), on_ready=lambda: None
+        )
+
     async def _device_plugin(self, ctx: PodContext, node: SimNode) -> int:
-        """The real device plugin; the node's plugin milestone (what the validator's
-        plugin-validation waits for) holds while it serves."""
-        milestone = node.milestone(MILESTONES[PLUGIN_APP])
-        try:
-            return await agent_pods.device_plugin(
-                ctx, node.machine, self.processes, on_serving=milestone.set
-            )
-        finally:
-            milestone.clear()
+        """The real device plugin (the validator's plugin-validation checks its GPUs)."""
+        return await agent_pods.device_plugin(
+            ctx, node.machine, self.processes, on_serving=lambda: None
+        )

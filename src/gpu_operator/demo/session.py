@@ -20,8 +20,8 @@ import kubesim
 from gpu_operator import render
 from gpu_operator.api import crds
 from gpu_operator.controller.operator import Operator, Settings
+from gpu_operator.demo import driver, hardware, nfd, programs, view
 from gpu_operator.demo import fleet as fleet_mod
-from gpu_operator.demo import hardware, nfd, programs, view
 from gpu_operator.kube import client as kube_client
 from gpu_operator.kube import node_features
 from gpu_operator.nvml import mock
@@ -140,6 +140,10 @@ class Demo:
             )  # fmt: skip
             roots[plan.name] = sim.node_root(plan.name)
             hardware.write(roots[plan.name], plan.pool, machine)
+            nodes.boot_runtime(plan.name, plan.pool.runtime, plan.pool.container_runtime_version)
+            if machine is not None:
+                # The node's mock NVML answers only while a driver is loaded on its host.
+                machine.driver_probe = driver.probe(roots[plan.name])
         if install:
             # No NFD pods in-process: NFD's worker and master logic label the nodes directly.
             nfd.label_directly(
@@ -256,6 +260,7 @@ def kubelet_config(options: Options) -> KubeletConfig:
 
 async def run(options: Options, console: Console) -> Result:
     """Run the demo; returns whether every GPU node converged before the timeout."""
+    options = driver.fit_fleet(options, console)
     if options.install == "helm":
         from gpu_operator.demo import helm_session
 
@@ -299,7 +304,7 @@ async def run(options: Options, console: Console) -> Result:
                 await asyncio.wait_for(operator.ready.wait(), 30)
                 for obj in options.objects:
                     sim.store.create(with_namespace(obj))
-                sim.store.create(dict(options.policy))
+                sim.store.create(options.policy)
                 demo.policy_created = time.monotonic()
                 deadline = time.monotonic() + options.timeout
 

@@ -3,12 +3,12 @@ sandbox device plugin in their operand pods, on each node's simulated PCI host.
 
 The host is the node's root directory (`gpu_operator.agents.pci.simulated`): sysfs writes take
 effect through a `SimulatedKernel` the agents are given instead of the real one, so the agents'
-code is the same as on a host. The drivers stay simulated but act on the same host: the NVIDIA
-driver container binds the GPUs to `nvidia` when it is ready and releases them when it stops;
-the vGPU manager loads the vGPU host driver (and enables SR-IOV VFs, as `sriov-manage -e ALL`);
-the `k8s-driver-manager` init containers unload the driver before the VFIO or vGPU manager takes
-the GPUs, and release vfio devices and vGPUs (waiting for the pods holding them) before the
-NVIDIA driver comes back.
+code is the same as on a host. The drivers act on the same host: the NVIDIA driver container
+(`gpu_operator.demo.driver`) binds the GPUs to `nvidia` when it loads the driver and releases
+them when it unloads it; the vGPU manager loads the vGPU host driver (and enables SR-IOV VFs,
+as `sriov-manage -e ALL`); the `k8s-driver-manager` init containers unload the driver before the
+VFIO or vGPU manager takes the GPUs, and release vfio devices and vGPUs (waiting for the pods
+holding them) before the NVIDIA driver comes back.
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ import logging
 from pathlib import Path
 
 import kubeletapi
-from gpu_operator.agents.pci import kernel as kernel_mod
 from gpu_operator.agents.pci import simulated, sysfs
 from gpu_operator.agents.sandbox_device_plugin import manager as plugin_manager
 from gpu_operator.agents.sandbox_validator import command as validator
 from gpu_operator.agents.vfio_manager import command as vfio
 from gpu_operator.agents.vfio_manager import holders as holders_mod
-from gpu_operator.agents.vgpu_device_manager import apply as vgpu_apply
 from gpu_operator.agents.vgpu_device_manager import runner as vgpu_runner
-from gpu_operator.agents.vgpu_device_manager import state as vgpu_state
 from gpu_operator.kube import mig_node
 from gpu_operator.operands import common
 from kubesim import PodContext
@@ -40,7 +37,6 @@ VGPU_MANAGER_APP = "nvidia-vgpu-manager-daemonset"
 VGPU_DM_APP = "nvidia-vgpu-device-manager"
 VALIDATOR_APP = "nvidia-sandbox-validator"
 PLUGIN_APP = "nvidia-sandbox-device-plugin-daemonset"
-DRIVER_APP_PREFIX = "nvidia-driver-daemonset"
 DRIVER_MANAGER = "k8s-driver-manager"
 # Operands whose real agent runs here (the vGPU manager is a driver: simulated, on the host).
 REAL_AGENTS = frozenset({VFIO_APP, VGPU_DM_APP, VALIDATOR_APP, PLUGIN_APP})
@@ -52,13 +48,10 @@ def _app(ctx: PodContext) -> str:
     return ctx.labels.get("app", "")
 
 
-def _driver_pod(ctx: PodContext) -> bool:
-    return _app(ctx).startswith(DRIVER_APP_PREFIX)
-
-
 def handles(ctx: PodContext) -> bool:
-    """Whether this module runs the container (the VM operands, and the driver manager)."""
-    return _app(ctx) in APPS or (_driver_pod(ctx) and ctx.container_name == DRIVER_MANAGER)
+    """Whether this module runs the container (the VM operands; their `k8s-driver-manager`
+    init containers run the real driver manager, `gpu_operator.demo.driver_manager`)."""
+    return _app(ctx) in APPS and ctx.container_name != DRIVER_MANAGER
 
 
 def _kernel(ctx: PodContext) -> simulated.SimulatedKernel:
@@ -75,10 +68,8 @@ def _validations(ctx: PodContext) -> Path:
 
 
 async def run(ctx: PodContext) -> int:
-    """One container of a VM operand pod (or a driver pod's driver manager)."""
+    """One container of a VM operand pod."""
     app = _app(ctx)
-    if ctx.container_name == DRIVER_MANAGER:
-        return await driver_manager(ctx)
     if app == VFIO_APP:
         return await _vfio_manager(ctx)
     if app == VGPU_MANAGER_APP:
@@ -91,94 +82,6 @@ async def run(ctx: PodContext) -> int:
 
 
 # ----- drivers (simulated, on the simulated host) -------------------------------------------
-
-
-def driver_loaded(ctx: PodContext) -> None:
-    """The NVIDIA driver container is up: the driver binds the GPUs it finds unbound."""
-    if (ctx.node_root / "sys" / "bus" / "pci" / "devices").is_dir():
-        _kernel(ctx).load_nvidia()
-
-
-def driver_stopped(ctx: PodContext) -> None:
-    """The NVIDIA driver container stops: its modules are unloaded (not under vGPUs)."""
-    kernel = _kernel(ctx)
-    if kernel.loaded(simulated.NVIDIA_MODULE) and not kernel.loaded(simulated.VGPU_MODULE):
-        try:
-            kernel.unload_nvidia()
-        except kernel_mod.KernelError as err:
-            log.warning("nvidia driver on %s stays loaded: %s", ctx.node_name, err)
-
-
-async def _release_vgpus(ctx: PodContext, kernel: simulated.SimulatedKernel) -> bool:
-    """Delete every vGPU once no pod holds one, then unload the vGPU host driver (False: the
-    pod stopped first)."""
-    gpus = vgpu_state.read(kernel.root)
-    ids = [v.id for gpu in gpus for v in gpu.vgpus]
-    holders = _holders(ctx)
-    node = _node_api(ctx, DRIVER_MANAGER)
-
-    async def notify(message: str) -> None:
-        await node.event("Warning", "GPUsInUse", message)
-
-    free = True
-    try:
-        if ids:
-            free = await vfio.wait_until_free(
-                holders, holders_mod.vm_devices(ids), "vGPUs", interval=POLL,
-                stop=ctx.stopping, notify=notify,
-            )  # fmt: skip
-    finally:
-        await holders.close()
-        await node.close()
-    if not free:
-        return False
-    for gpu in gpus:
-        for vgpu in gpu.vgpus:
-            with contextlib.suppress(kernel_mod.KernelError):
-                vgpu_apply.delete(kernel, gpu, vgpu)
-    kernel.unload_nvidia()
-    return True
-
-
-async def driver_manager(ctx: PodContext) -> int:
-    """`k8s-driver-manager uninstall_driver` as far as the GPUs' drivers go: before the VFIO or
-    vGPU manager, unload the NVIDIA driver; before the NVIDIA driver, release the GPUs from
-    vfio and delete vGPUs (each once no pod holds them)."""
-    kernel = _kernel(ctx)
-    app = _app(ctx)
-    if not sysfs.devices_dir(kernel.root).is_dir():
-        return 0  # a node without a simulated PCI host
-    vgpu_driver = kernel.loaded(simulated.VGPU_MODULE)
-    try:
-        if app == VFIO_APP and vgpu_driver:
-            if not await _release_vgpus(ctx, kernel):
-                return 1
-        elif app in (VFIO_APP, VGPU_MANAGER_APP) and not vgpu_driver:
-            if kernel.loaded(simulated.NVIDIA_MODULE):
-                log.info("unloading the NVIDIA driver")
-                kernel.unload_nvidia()
-        elif _driver_pod(ctx):
-            holders = _holders(ctx)
-            node = _node_api(ctx, DRIVER_MANAGER)
-
-            async def notify(message: str) -> None:
-                await node.event("Warning", "GPUsInUse", message)
-
-            try:
-                code = await vfio.unbind(
-                    kernel, vfio.Options(poll_interval=POLL), holders, notify=notify
-                )
-            finally:
-                await holders.close()
-                await node.close()
-            if code != vfio.EXIT_OK:
-                return code
-            if kernel.loaded(simulated.VGPU_MODULE) and not await _release_vgpus(ctx, kernel):
-                return 1
-    except kernel_mod.KernelError as err:
-        log.error("driver manager: %s", err)
-        return 1
-    return 0
 
 
 async def _vgpu_manager(ctx: PodContext) -> int:

@@ -6,10 +6,13 @@ state" rule are properties of one small module.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import json
 import logging
+import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +55,34 @@ def needs_write(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
     return bool(annotations.get(keys.LAST_APPLIED_HASH) != content_hash(desired))
 
 
+def selector_immutable(obj: Mapping[str, Any], err: ApiError) -> bool:
+    """Whether a rejected write of a workload failed only because it changes `spec.selector`."""
+    if obj.get("kind") not in ("DaemonSet", "Deployment", "StatefulSet") or err.status.code != 422:
+        return False
+    details = err.status.details
+    causes = (details.causes if details is not None else None) or []
+    fields = {c.field for c in causes if c.field}
+    if fields:
+        return fields == {"spec.selector"}
+    message = str(err.status.message or "")
+    return "spec.selector" in message and "immutable" in message
+
+
+def labels_match(match_labels: Mapping[str, str], labels: Mapping[str, str] | None) -> bool:
+    """Whether `labels` satisfy a selector's matchLabels."""
+    have = labels or {}
+    return all(have.get(k) == v for k, v in match_labels.items())
+
+
+def selector_text(match_labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items())) or "<none>"
+
+
+# How long a replaced DaemonSet may take to go away (its pods are orphaned or deleted first).
+REPLACE_TIMEOUT = 60.0
+REPLACE_POLL = 0.2
+
+
 class Writer:
     """Executes plans against the API server."""
 
@@ -61,9 +92,103 @@ class Writer:
         self.component = component
 
     async def apply(self, desired: dict[str, Any]) -> None:
-        """Server-side apply (create or update) with our field manager, taking over conflicts."""
+        """Server-side apply (create or update) with our field manager, taking over conflicts.
+
+        A DaemonSet whose selector differs from the live one (selectors are immutable, e.g. one
+        written by another operator version) is replaced instead of failing on every pass."""
         # lightkube takes the namespace from the object's metadata.
+        try:
+            await self.client.apply(resources.wrap(with_hash(desired)), force=True)
+        except ApiError as err:
+            if desired.get("kind") != "DaemonSet" or not selector_immutable(desired, err):
+                raise
+            await self.replace_daemonset(desired)
+
+    async def replace_daemonset(self, desired: dict[str, Any]) -> None:
+        """Delete and create a DaemonSet whose selector changed, with an Event saying so.
+
+        When the new selector matches the old pod template, the old DaemonSet is deleted with
+        orphan propagation and its pods are adopted by the new one (as the DaemonSet controller
+        adopts matching orphans): nothing restarts, and OnDelete operands such as the driver keep
+        running until the upgrade flow replaces them. Otherwise the old pods go with it."""
+        meta = desired["metadata"]
+        name, namespace = meta["name"], meta.get("namespace") or self.namespace
+        live = await self._get_daemonset(name, namespace)
+        if live is None:  # gone meanwhile: a plain apply creates it
+            await self.client.apply(resources.wrap(with_hash(desired)), force=True)
+            return
+        old_selector = ((live.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        new_selector = desired["spec"]["selector"].get("matchLabels") or {}
+        old_labels = (((live.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
+            "labels"
+        )
+        keep_pods = labels_match(new_selector, old_labels)
+        log.warning(
+            "DaemonSet %s: selector %s -> %s is immutable; replacing it (%s)",
+            name, selector_text(old_selector), selector_text(new_selector),
+            "pods kept" if keep_pods else "pods replaced",
+        )  # fmt: skip
+        await self.delete(live, orphan=keep_pods)
+        deadline = time.monotonic() + REPLACE_TIMEOUT
+        while await self._get_daemonset(name, namespace) is not None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"DaemonSet {namespace}/{name} was not deleted in time")
+            await asyncio.sleep(REPLACE_POLL)
         await self.client.apply(resources.wrap(with_hash(desired)), force=True)
+        created = await self._get_daemonset(name, namespace) or desired
+        adopted = await self._adopt_pods(created, new_selector) if keep_pods else 0
+        kept = (
+            f"its {adopted} pod(s) were kept and adopted"
+            if keep_pods
+            else "its pods are replaced (the new selector does not match them)"
+        )
+        await self.event(
+            created,
+            reason="SelectorChanged",
+            type_="Warning",
+            message=(
+                f"spec.selector changed from {selector_text(old_selector)} to "
+                f"{selector_text(new_selector)}; a selector cannot be updated, so the DaemonSet "
+                f"was deleted and created again; {kept}"
+            ),
+        )
+
+    async def _get_daemonset(self, name: str, namespace: str) -> dict[str, Any] | None:
+        # A list by name needs only the list permission the operator's caches already use.
+        async for item in self.client.list(
+            resources.DAEMONSET, namespace=namespace, fields={"metadata.name": name}
+        ):
+            return dict(item)
+        return None
+
+    async def _adopt_pods(self, ds: dict[str, Any], selector: Mapping[str, str]) -> int:
+        """Point the orphaned pods the new DaemonSet selects at it (its controller adopts them)."""
+        meta = ds["metadata"]
+        reference = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": meta["name"],
+            "uid": meta.get("uid"),
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        adopted = 0
+        async for pod in self.client.list(
+            resources.POD, namespace=meta.get("namespace") or self.namespace, labels=dict(selector)
+        ):
+            pod_meta = pod.get("metadata") or {}
+            owners = pod_meta.get("ownerReferences") or []
+            if any(o.get("controller") and o.get("uid") != meta.get("uid") for o in owners):
+                continue  # still controlled by something else
+            if pod_meta.get("deletionTimestamp"):
+                continue
+            if not any(o.get("uid") == meta.get("uid") for o in owners):
+                await self.patch_pod(
+                    pod_meta["namespace"], pod_meta["name"],
+                    {"metadata": {"ownerReferences": [reference]}},
+                )  # fmt: skip
+            adopted += 1
+        return adopted
 
     async def delete(self, obj: dict[str, Any], *, orphan: bool = False) -> None:
         """Delete an object; already gone is fine."""

@@ -50,6 +50,8 @@ class LabelPolicy:
     upgrade_annotation: bool = False
     # NVIDIADriver objects own the driver (spec.driver.useNvidiaDriverCRD): nodes get owner labels.
     driver_crd: bool = False
+    # The operator installs drivers (spec.driver.enabled): a preinstalled one is then a conflict.
+    driver: bool = True
 
     @classmethod
     def from_policy(cls, policy: ClusterPolicy) -> LabelPolicy:
@@ -70,6 +72,7 @@ class LabelPolicy:
                 and not enablement.sandbox_enabled(spec)
             ),
             driver_crd=bool(spec.driver.useNvidiaDriverCRD),
+            driver=enablement.is_enabled(spec, "driver"),
         )
 
 
@@ -111,6 +114,22 @@ class NodePlan:
 def has_gpu(labels: Mapping[str, str]) -> bool:
     """A GPU node per NFD's PCI vendor labels (any of upstream's three spellings)."""
     return any(labels.get(key) == "true" for key in keys.NFD_GPU_LABELS)
+
+
+def preinstalled_driver(labels: Mapping[str, str]) -> bool:
+    """Whether k8s-driver-manager found a driver on the node's host (`gpu.deploy.driver` is
+    `pre-installed`): the operator's driver must never run there, and the label stays as it is."""
+    return labels.get(keys.DEPLOY_DRIVER) == keys.DRIVER_PREINSTALLED
+
+
+def preinstalled_conflict(labels: Mapping[str, str], policy: LabelPolicy | None) -> bool:
+    """A GPU node with a preinstalled driver while the ClusterPolicy installs drivers."""
+    return (
+        policy is not None
+        and policy.driver
+        and labels.get(keys.GPU_PRESENT) == "true"
+        and preinstalled_driver(labels)
+    )
 
 
 def has_nfd(labels: Mapping[str, str]) -> bool:
@@ -214,7 +233,15 @@ def plan_node(
     mode, with the owner label `owner` asks for)."""
     writer = _Writer(labels, annotations)
     deploy_keys = [k for k in labels if k.startswith(keys.DEPLOY_PREFIX)]
-    deploy_keys = [k for k in deploy_keys if k != keys.DEPLOY_OPERANDS]
+    # k8s-driver-manager's `pre-installed` describes the host, not a wish: never overwritten or
+    # removed (upstream only ever adds missing deploy labels, so it keeps it too), and not a
+    # conflict either (the ClusterPolicy status and an Event report it).
+    deploy_keys = [
+        k
+        for k in deploy_keys
+        if k != keys.DEPLOY_OPERANDS
+        and not (k == keys.DEPLOY_DRIVER and preinstalled_driver(labels))
+    ]
     gpu = has_gpu(labels)
     if gpu:
         writer.set(keys.GPU_PRESENT, "true")
@@ -235,6 +262,8 @@ def plan_node(
             if key not in kept:
                 writer.remove(key)
         for key in sorted(wanted):
+            if key == keys.DEPLOY_DRIVER and preinstalled_driver(labels):
+                continue
             pauser = PAUSED_BY.get(labels.get(key, ""))
             if pauser is not None and keys.DEPLOY_PREFIX + pauser not in kept:
                 writer.set(key, "true")  # a stale pause (see PAUSED_BY)

@@ -21,6 +21,14 @@ GI_PROFILE_6_SLICE = 6
 GI_PROFILE_1_SLICE_REV1 = 7  # 1g with all media engines (+me)
 GI_PROFILE_2_SLICE_REV1 = 8  # 2g with all media engines (+me)
 GI_PROFILE_1_SLICE_REV2 = 9  # 1g with double memory
+GI_PROFILE_1_SLICE_GFX = 10  # graphics-capable instances (RTX PRO 6000 Blackwell): +gfx
+GI_PROFILE_2_SLICE_GFX = 11
+GI_PROFILE_4_SLICE_GFX = 12
+GI_PROFILE_1_SLICE_NO_ME = 13  # instances without media engines: -me
+GI_PROFILE_2_SLICE_NO_ME = 14
+GI_PROFILE_1_SLICE_ALL_ME = 15  # instances owning every media engine: +me.all
+GI_PROFILE_2_SLICE_ALL_ME = 16
+GI_PROFILE_3_SLICE_GFX = 17
 GI_PROFILE_COUNT = 18
 
 # NVML compute-instance profile ids by compute-slice count.
@@ -29,6 +37,24 @@ CI_PROFILE_COUNT = 9
 CI_ENGINE_PROFILE_SHARED = 0
 
 MEDIA_EXTENSION_PROFILES = frozenset({GI_PROFILE_1_SLICE_REV1, GI_PROFILE_2_SLICE_REV1})
+# Profiles that take the GPU's shared media engines for themselves: at most one per GPU.
+MEDIA_OWNER_PROFILES = MEDIA_EXTENSION_PROFILES | {
+    GI_PROFILE_1_SLICE_ALL_ME,
+    GI_PROFILE_2_SLICE_ALL_ME,
+}
+# The attribute suffix NVML tools append to a GPU-instance profile's name, by profile id.
+PROFILE_SUFFIX = {
+    GI_PROFILE_1_SLICE_REV1: "+me",
+    GI_PROFILE_2_SLICE_REV1: "+me",
+    GI_PROFILE_1_SLICE_GFX: "+gfx",
+    GI_PROFILE_2_SLICE_GFX: "+gfx",
+    GI_PROFILE_3_SLICE_GFX: "+gfx",
+    GI_PROFILE_4_SLICE_GFX: "+gfx",
+    GI_PROFILE_1_SLICE_NO_ME: "-me",
+    GI_PROFILE_2_SLICE_NO_ME: "-me",
+    GI_PROFILE_1_SLICE_ALL_ME: "+me.all",
+    GI_PROFILE_2_SLICE_ALL_ME: "+me.all",
+}
 
 PCI_CLASS_VGA = 0x0300
 PCI_CLASS_3D = 0x0302
@@ -82,7 +108,13 @@ class MigProfile:
 
     @property
     def media_extensions(self) -> bool:
-        return self.profile_id in MEDIA_EXTENSION_PROFILES
+        """The instance owns the shared media engines (`+me`, `+me.all`): one such per GPU."""
+        return self.profile_id in MEDIA_OWNER_PROFILES
+
+    @property
+    def suffix(self) -> str:
+        """The attribute part of the name: `+me`, `+me.all`, `+gfx`, `-me` or nothing."""
+        return profile_suffix(self.profile_id)
 
     @property
     def resource_name(self) -> str:
@@ -117,6 +149,9 @@ class GpuModel:
     mig_compute_slices: int = 0
     mig_memory_slices: int = 0
     mig_profiles: tuple[MigProfile, ...] = field(default=())
+    # PCI ids of other SKUs with this model's MIG profile names and placements (PCIe/NVL/OEM
+    # variants that the default mig-parted config lists in one device filter).
+    pci_aliases: tuple[int, ...] = ()
 
     @property
     def mig_capable(self) -> bool:
@@ -142,20 +177,31 @@ class GpuModel:
         return None
 
 
+def profile_suffix(profile_id: int) -> str:
+    """The name suffix of GPU-instance profile `profile_id` (`+me`, `+gfx`, ...; '' for plain)."""
+    return PROFILE_SUFFIX.get(profile_id, "")
+
+
 def mig_profile_name(
     gi_slices: int,
     ci_slices: int,
     memory_mb: int,
     total_memory_mib: int,
     media_extensions: bool = False,
+    *,
+    suffix: str | None = None,
 ) -> str:
-    """Name a MIG profile the way NVML tools do: memory rounded up to eighths of the total GiB."""
+    """Name a MIG profile the way NVML tools do: memory rounded up to eighths of the total GiB.
+
+    `suffix` (from `profile_suffix`) wins over `media_extensions`, which only spells `+me`.
+    """
     eighths = math.ceil(8 * memory_mb / total_memory_mib)
     total_gib = math.ceil(total_memory_mib / 1024)
     # Half-up rounding (Go's math.Round), not Python's banker's rounding: 70.5 GB -> 71gb.
     gb = (2 * eighths * total_gib + 8) // 16
     prefix = f"{ci_slices}c." if ci_slices != gi_slices else ""
-    suffix = "+me" if media_extensions else ""
+    if suffix is None:
+        suffix = "+me" if media_extensions else ""
     return f"{prefix}{gi_slices}g.{gb}gb{suffix}"
 
 
@@ -196,12 +242,14 @@ class _Row:
 def _profiles(total_mib: int, sm_per_slice: int, rows: list[_Row]) -> tuple[MigProfile, ...]:
     out = []
     for row in rows:
-        me = row.profile_id in MEDIA_EXTENSION_PROFILES
+        suffix = profile_suffix(row.profile_id)
         ce, dec, enc, jpg, ofa = row.engines
         out.append(
             MigProfile(
                 profile_id=row.profile_id,
-                name=mig_profile_name(row.slices, row.slices, row.memory_mb, total_mib, me),
+                name=mig_profile_name(
+                    row.slices, row.slices, row.memory_mb, total_mib, suffix=suffix
+                ),
                 slice_count=row.slices,
                 memory_mb=row.memory_mb,
                 multiprocessor_count=row.sms,
@@ -277,6 +325,45 @@ def _a30_profiles() -> tuple[MigProfile, ...]:
     )
 
 
+def _rtx_pro_6000_profiles() -> tuple[MigProfile, ...]:
+    """RTX PRO 6000 Blackwell: 4 slices, each size also as +gfx (graphics), -me (no media
+    engines) and +me.all (every media engine); 1g also as +me. Memory per NVML (23.62 GiB per
+    slice); engine counts are approximations (copy, decoder, encoder, jpeg, ofa)."""
+    total = 97887
+    m1, m2, m4 = 24187, 48640, 97536
+    one, two, four = (0, 1, 2, 3), (0, 2), (0,)
+    plain1, owner1, none1 = (1, 1, 1, 1, 0), (1, 1, 1, 1, 1), (1, 0, 0, 0, 0)
+    all1, plain2, none2, all2 = (1, 4, 4, 4, 1), (2, 2, 2, 2, 0), (2, 0, 0, 0, 0), (2, 4, 4, 4, 1)
+    full = (4, 4, 4, 4, 1)
+    return _profiles(
+        total,
+        46,
+        [
+            _Row(GI_PROFILE_1_SLICE, 1, m1, 46, 4, one, 1, plain1),
+            _Row(GI_PROFILE_1_SLICE_REV1, 1, m1, 46, 1, one, 1, owner1),
+            _Row(GI_PROFILE_1_SLICE_GFX, 1, m1, 46, 4, one, 1, plain1),
+            _Row(GI_PROFILE_1_SLICE_NO_ME, 1, m1, 46, 4, one, 1, none1),
+            _Row(GI_PROFILE_1_SLICE_ALL_ME, 1, m1, 46, 1, one, 1, all1),
+            _Row(GI_PROFILE_2_SLICE, 2, m2, 94, 2, two, 2, plain2),
+            _Row(GI_PROFILE_2_SLICE_GFX, 2, m2, 94, 2, two, 2, plain2),
+            _Row(GI_PROFILE_2_SLICE_NO_ME, 2, m2, 94, 2, two, 2, none2),
+            _Row(GI_PROFILE_2_SLICE_ALL_ME, 2, m2, 94, 1, two, 2, all2),
+            _Row(GI_PROFILE_4_SLICE, 4, m4, 188, 1, four, 4, full),
+            _Row(GI_PROFILE_4_SLICE_GFX, 4, m4, 188, 1, four, 4, full),
+        ],
+    )
+
+
+_BLACKWELL_ENGINES = {
+    0: (2, 1, 0, 1, 0),
+    7: (2, 1, 0, 1, 1),
+    9: (2, 1, 0, 1, 0),
+    1: (4, 2, 0, 2, 0),
+    2: (6, 3, 0, 3, 0),
+    3: (8, 4, 0, 4, 0),
+    4: (16, 7, 0, 7, 1),
+}
+
 _MODELS: tuple[GpuModel, ...] = (
     GpuModel(
         key="A100-SXM4-40GB",
@@ -291,6 +378,7 @@ _MODELS: tuple[GpuModel, ...] = (
         idle_watts=55,
         max_sm_clock_mhz=1410,
         memory_clock_mhz=1215,
+        pci_aliases=(0x20B110DE, 0x20F110DE, 0x20F610DE),
         nvlink_count=12,
         mig_compute_slices=7,
         mig_memory_slices=8,
@@ -311,6 +399,7 @@ _MODELS: tuple[GpuModel, ...] = (
         idle_watts=60,
         max_sm_clock_mhz=1410,
         memory_clock_mhz=1593,
+        pci_aliases=(0x20B510DE, 0x20F310DE, 0x20F510DE),
         nvlink_count=12,
         mig_compute_slices=7,
         mig_memory_slices=8,
@@ -331,6 +420,7 @@ _MODELS: tuple[GpuModel, ...] = (
         idle_watts=70,
         max_sm_clock_mhz=1980,
         memory_clock_mhz=2619,
+        pci_aliases=(0x233110DE, 0x232210DE, 0x232410DE),
         nvlink_count=18,
         mig_compute_slices=7,
         mig_memory_slices=8,
@@ -351,6 +441,7 @@ _MODELS: tuple[GpuModel, ...] = (
         idle_watts=75,
         max_sm_clock_mhz=1980,
         memory_clock_mhz=3201,
+        pci_aliases=(0x233B10DE,),
         nvlink_count=18,
         mig_compute_slices=7,
         mig_memory_slices=8,
@@ -383,6 +474,193 @@ _MODELS: tuple[GpuModel, ...] = (
             (18, 18, 36, 70, 72, 148),
             _HOPPER_ENGINES,
         ),
+    ),
+    # The GPUs below complete the default mig-parted config's targets. MIG memory sizes are
+    # NVML's where published (`nvidia-smi mig -lgip` in NVIDIA's issue threads), otherwise
+    # just under the eighth of the board the profile name states; each name follows from them.
+    GpuModel(
+        key="H100-NVL",
+        nvml_name="NVIDIA H100 NVL",
+        memory_mib=95830,
+        compute_capability=(9, 0),
+        architecture="Hopper",
+        brand="Nvidia",
+        pci_device_id=0x232110DE,
+        pci_aliases=(0x233A10DE,),  # H800 NVL
+        multiprocessor_count=132,
+        tdp_watts=400,
+        idle_watts=60,
+        max_sm_clock_mhz=1785,
+        memory_clock_mhz=2619,
+        nvlink_count=6,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        mig_profiles=_seven_slice(
+            95830, (11008, 22272, 22272, 47488, 95360), (16, 26, 32, 60, 64, 132), _HOPPER_ENGINES
+        ),
+    ),
+    GpuModel(
+        key="GH200-96GB",
+        nvml_name="NVIDIA GH200 480GB",
+        memory_mib=97871,
+        compute_capability=(9, 0),
+        architecture="Hopper",
+        brand="Nvidia",
+        pci_device_id=0x234210DE,
+        # H100 96GB, PG506-96GB and H20 share the profile names and placements (the default
+        # config filters them together); H20's SM counts are lower than modelled here.
+        pci_aliases=(0x233D10DE, 0x20B610DE, 0x232910DE),
+        multiprocessor_count=132,
+        tdp_watts=900,
+        idle_watts=90,
+        max_sm_clock_mhz=1980,
+        memory_clock_mhz=2619,
+        nvlink_count=18,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        mig_profiles=_seven_slice(
+            97871, (11776, 23808, 23808, 47872, 96256), (16, 26, 32, 60, 64, 132), _HOPPER_ENGINES
+        ),
+    ),
+    GpuModel(
+        key="GH200-144GB",
+        nvml_name="NVIDIA GH200 144G HBM3e",
+        memory_mib=146944,
+        compute_capability=(9, 0),
+        architecture="Hopper",
+        brand="Nvidia",
+        pci_device_id=0x234810DE,
+        multiprocessor_count=132,
+        tdp_watts=900,
+        idle_watts=90,
+        max_sm_clock_mhz=1980,
+        memory_clock_mhz=2619,
+        nvlink_count=18,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        # lgip: 1g.18gb 17.50 GiB (16 SMs), 1g.36gb and 2g.36gb 35.25 GiB (26 and 32 SMs).
+        mig_profiles=_seven_slice(
+            146944,
+            (17920, 36096, 36096, 72192, 144384),
+            (16, 26, 32, 60, 64, 132),
+            _HOPPER_ENGINES,
+        ),
+    ),
+    GpuModel(
+        key="GB200-186GB",
+        nvml_name="NVIDIA GB200",
+        memory_mib=189471,
+        compute_capability=(10, 0),
+        architecture="Blackwell",
+        brand="Nvidia",
+        pci_device_id=0x294110DE,
+        multiprocessor_count=152,
+        tdp_watts=1200,
+        idle_watts=150,
+        max_sm_clock_mhz=2062,
+        memory_clock_mhz=3996,
+        nvlink_count=18,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        # lgip (mig-parted#227): 1g.23gb 22.00 GiB (18 SMs), 1g.47gb and 2g.47gb 45.50 GiB.
+        mig_profiles=_seven_slice(
+            189471,
+            (22528, 46592, 46592, 93184, 186368),
+            (18, 32, 38, 72, 76, 152),
+            _BLACKWELL_ENGINES,
+        ),
+    ),
+    GpuModel(
+        # The same board as earlier drivers sized it (gpu-operator#1303: 1g.24gb 20.00 GiB,
+        # 1g.47gb 45.50 GiB); the default config keeps its 3g.95gb, 4g.95gb and 7g.189gb.
+        key="GB200-189GB",
+        nvml_name="NVIDIA GB200",
+        memory_mib=193024,
+        compute_capability=(10, 0),
+        architecture="Blackwell",
+        brand="Nvidia",
+        pci_device_id=0x294110DE,
+        multiprocessor_count=152,
+        tdp_watts=1200,
+        idle_watts=150,
+        max_sm_clock_mhz=2062,
+        memory_clock_mhz=3996,
+        nvlink_count=18,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        mig_profiles=_seven_slice(
+            193024,
+            (20480, 46592, 46592, 93184, 186368),
+            (18, 32, 38, 72, 76, 152),
+            _BLACKWELL_ENGINES,
+        ),
+    ),
+    GpuModel(
+        # MIG names 1g.34gb x7, 1g.67gb x4, 2g.67gb x3, 3g.135gb x2, 4g.135gb, 7g.269gb
+        # (269 GiB usable of 288 GB HBM3e), PCI id 0x3182 as cloud providers' MIG configs list.
+        key="B300",
+        nvml_name="NVIDIA B300 SXM6 AC",
+        memory_mib=275040,
+        compute_capability=(10, 3),
+        architecture="Blackwell",
+        brand="Nvidia",
+        pci_device_id=0x318210DE,
+        multiprocessor_count=148,
+        tdp_watts=1100,
+        idle_watts=140,
+        max_sm_clock_mhz=2032,
+        memory_clock_mhz=3996,
+        nvlink_count=18,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        mig_profiles=_seven_slice(
+            275040,
+            (33280, 66816, 66816, 134144, 268800),
+            (18, 18, 36, 70, 72, 148),
+            _BLACKWELL_ENGINES,
+        ),
+    ),
+    GpuModel(
+        # NVIDIA's nvml-mock (k8s-test-infra) GB300 table: 278 GiB, 1g.35gb x7 (18 SMs),
+        # 1g.70gb x4, 2g.70gb x3 (36), 3g.139gb x2 (54), 4g.139gb (72), 7g.278gb (126).
+        key="GB300",
+        nvml_name="NVIDIA GB300",
+        memory_mib=284672,
+        compute_capability=(10, 3),
+        architecture="Blackwell",
+        brand="Nvidia",
+        pci_device_id=0x31C210DE,
+        multiprocessor_count=152,
+        tdp_watts=1400,
+        idle_watts=175,
+        max_sm_clock_mhz=2070,
+        memory_clock_mhz=2625,
+        nvlink_count=18,
+        mig_compute_slices=7,
+        mig_memory_slices=8,
+        mig_profiles=_seven_slice(
+            284672,
+            (35584, 71168, 71168, 142336, 284672),
+            (18, 18, 36, 54, 72, 126),
+            _BLACKWELL_ENGINES,
+        ),
+    ),
+    GpuModel(
+        key="RTX-PRO-6000",
+        nvml_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        memory_mib=97887,
+        compute_capability=(12, 0),
+        architecture="Blackwell",
+        brand="Nvidia",
+        pci_device_id=0x2BB510DE,
+        multiprocessor_count=188,
+        tdp_watts=600,
+        idle_watts=35,
+        max_sm_clock_mhz=2617,
+        memory_clock_mhz=14001,
+        mig_compute_slices=4,
+        mig_memory_slices=4,
+        mig_profiles=_rtx_pro_6000_profiles(),
     ),
     GpuModel(
         key="A30-24GB",
@@ -476,6 +754,22 @@ def by_pci_device_id(device_id: int) -> GpuModel | None:
         if m.pci_device_id == device_id:
             return m
     return None
+
+
+def for_pci_device_id(device_id: int, memory_mib: int | None = None) -> GpuModel | None:
+    """The model with PCI id `device_id`, else the one whose `pci_aliases` list it.
+
+    Where several models share the id (GB200 as different drivers size it), the one whose
+    memory is closest to `memory_mib` wins; without it, the first catalogued.
+    """
+    found = [m for m in _MODELS if m.pci_device_id == device_id] or [
+        m for m in _MODELS if device_id in m.pci_aliases
+    ]
+    if not found:
+        return None
+    if memory_mib is None:
+        return found[0]
+    return min(found, key=lambda m: abs(m.memory_mib - memory_mib))
 
 
 def mig_capable_models() -> tuple[GpuModel, ...]:

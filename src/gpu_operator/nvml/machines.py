@@ -124,6 +124,8 @@ def _presets() -> dict[str, MachineSpec]:
         _board("l4x8", "PowerEdge R760xa", "L4", 8),
         _board("a30x4", "PowerEdge R750xa", "A30-24GB", 4),
         _board("l40sx4", "PowerEdge R760xa", "L40S", 4),
+        _board("hgx-b300", "NVIDIA HGX B300", "B300", 8),
+        _board("rtx-pro-6000x8", "NVIDIA RTX PRO Server", "RTX-PRO-6000", 8),
         _board(
             "dgx-a100-mig-single",
             "NVIDIA DGX A100",
@@ -145,6 +147,12 @@ def _presets() -> dict[str, MachineSpec]:
         update={"driver_version": "560.28.03", "cuda_driver_version": 12060}
     )
     presets[4] = b200
+    # Blackwell Ultra and RTX PRO 6000 Blackwell need a 580-branch driver (CUDA 13.0).
+    for index, preset in enumerate(presets):
+        if preset.name in ("hgx-b300", "rtx-pro-6000x8"):
+            presets[index] = preset.model_copy(
+                update={"driver_version": "580.82.07", "cuda_driver_version": 13000}
+            )
     return {p.name: p for p in presets}
 
 

@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_operator.nvml import catalog, errors, machines
+from gpu_operator.nvml import catalog, driver_branches, errors, machines
 from gpu_operator.nvml import protocol as p
 from gpu_operator.nvml.catalog import Placement
 
 XID_FALLEN_OFF_BUS = 79
+# What NVML's nvmlErrorString says for NVML_ERROR_DRIVER_NOT_LOADED.
+DRIVER_NOT_LOADED = "Driver Not Loaded"
 # XIDs after which the driver asks for a GPU reset (recovery action GPU_RESET), after NVIDIA's XID
 # catalogue: double-bit ECC, micro-controller halt, row-remap/retirement pending, NVLink failure,
 # fallen off the bus, uncontained ECC, GSP errors, unrecovered ECC. Others need no recovery action.
@@ -149,6 +151,10 @@ class MockMachine:
         self._mig_serial = 0
         self._workload_pids = itertools.count(40_000)
         self.nvswitch = spec.has_nvswitch()
+        # The host's loaded driver version, None when no driver is loaded; None as the probe
+        # itself means the spec's driver is always loaded (unit tests). The demo reads the
+        # node's /proc/driver/nvidia/version.
+        self.driver_probe: Callable[[], str | None] | None = None
         models = spec.gpu_models()
         board = len(models) == 8
         self.gpus: list[_Gpu] = []
@@ -230,6 +236,18 @@ class MockMachine:
     def nvml(self) -> MockNvml:
         """A fresh library handle (call `init()` on it, as with real NVML)."""
         return MockNvml(self)
+
+    def loaded_driver(self) -> str | None:
+        """The driver version loaded on the host (see `driver_probe`), or None."""
+        if self.driver_probe is None:
+            return self.spec.driver_version
+        return self.driver_probe()
+
+    def _require_driver(self) -> str:
+        version = self.loaded_driver()
+        if version is None:
+            raise errors.DriverNotLoaded(DRIVER_NOT_LOADED)
+        return version
 
     # -- fault injection -------------------------------------------------------------------
 
@@ -1077,7 +1095,7 @@ class MockMigDevice(MockDevice):
             self._ci.profile.slice_count,
             gi.memory_mb,
             self._g.model.memory_mib,
-            gi.media_extensions,
+            suffix=gi.suffix,
         )
 
     def uuid(self) -> str:
@@ -1277,6 +1295,7 @@ class MockNvml:
     def init(self) -> None:
         with self.machine.lock:
             self.machine._check_fault("init", None)
+            self.machine._require_driver()
             self._refs += 1
 
     def shutdown(self) -> None:
@@ -1287,17 +1306,21 @@ class MockNvml:
     def driver_version(self) -> str:
         with self.machine.lock:
             self._enter("driver_version")
-            return self.machine.spec.driver_version
+            return self.machine._require_driver()
 
     def cuda_driver_version(self) -> int:
         with self.machine.lock:
             self._enter("cuda_driver_version")
-            return self.machine.spec.cuda_driver_version
+            if self.machine.driver_probe is None:
+                return self.machine.spec.cuda_driver_version
+            return driver_branches.cuda_driver_version(self.machine._require_driver())
 
     def nvml_version(self) -> str:
         with self.machine.lock:
             self._enter("nvml_version")
-            return self.machine.spec.nvml_version
+            if self.machine.driver_probe is None:
+                return self.machine.spec.nvml_version
+            return driver_branches.nvml_version(self.machine._require_driver())
 
     def device_count(self) -> int:
         with self.machine.lock:

@@ -1,7 +1,10 @@
 """Object builders and the DaemonSet transforms every operand state shares (reference §3.5).
 
 Objects are plain dicts shaped like the Kubernetes API. Every object carries the state label
-`nvidia.com/gpu-operator.state: <state>` so the controller can prune what a state no longer wants.
+`nvidia.com/gpu-operator.state: <state>` in its own metadata so the controller can prune what a
+state no longer wants. DaemonSet selectors and pod template labels are exactly upstream's (the
+state label stays off them): selectors are immutable, and a template that differs from the one
+NVIDIA's operator wrote would restart every operand pod when we take its DaemonSets over.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ Obj = dict[str, Any]
 
 STATE_LABEL = keys.OPERATOR_STATE_LABEL
 PART_OF_LABEL = "app.kubernetes.io/part-of"
+# Upstream's two spellings of part-of: GPU feature discovery selects `nvidia-gpu`, the validators
+# select `gpu-operator`; every other operand DaemonSet selects on `app` alone.
 PART_OF_VALUE = "nvidia-gpu"
+PART_OF_OPERATOR = "gpu-operator"
 GPU_TOLERATION: Obj = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 VALIDATIONS_DIR = "/run/nvidia/validations"
 DEFAULT_DRIVER_INSTALL_DIR = "/run/nvidia/driver"
@@ -75,7 +81,7 @@ def rbac(
                 "apiVersion": f"{rbac_group}/v1",
                 "kind": "Role",
                 "metadata": metadata(name, state, facts.namespace),
-                "rules": [dict(rule) for rule in namespace_rules],
+                "rules": [copy.deepcopy(dict(rule)) for rule in namespace_rules],
             }
         )
         objects.append(
@@ -115,6 +121,14 @@ def rule(groups: Sequence[str], resources: Sequence[str], verbs: Sequence[str]) 
 
 READ = ("get", "list", "watch")
 WRITE = ("get", "list", "watch", "create", "update", "patch", "delete")
+# Upstream's operand Roles let the pods use OpenShift's `privileged` SecurityContextConstraints;
+# the rule is inert elsewhere (no such resource) and kept so the Roles equal upstream's.
+SCC_USE_PRIVILEGED: Obj = {
+    "apiGroups": ["security.openshift.io"],
+    "resources": ["securitycontextconstraints"],
+    "verbs": ["use"],
+    "resourceNames": ["privileged"],
+}
 
 
 def config_map(name: str, state: str, facts: ClusterFacts, data: Mapping[str, str]) -> Obj:
@@ -364,7 +378,7 @@ def wait_for_file_init(name: str, paths: Sequence[str], what: str) -> Obj:
 
 def driver_validation_init(*, with_wait: bool = True) -> Obj:
     """The validator's driver check, used as an init container by the toolkit and validator."""
-    return container(
+    found = container(
         "driver-validation",
         command=["sh", "-c"],
         args=["nvidia-validator"],
@@ -372,6 +386,8 @@ def driver_validation_init(*, with_wait: bool = True) -> Obj:
             env("WITH_WAIT", str(with_wait).lower()),
             env("COMPONENT", "driver"),
             namespace_env(),
+            # Ours: lets a failed check name the driver pod on this node.
+            node_name_env(),
         ],
         mounts=[
             mount("host-root", "/host", read_only=True, propagation="HostToContainer"),
@@ -381,6 +397,8 @@ def driver_validation_init(*, with_wait: bool = True) -> Obj:
         ],
         privileged=True,
     )
+    found["securityContext"]["seLinuxOptions"] = {"level": "s0"}
+    return found
 
 
 VALIDATION_VOLUMES: tuple[Obj, ...] = (
@@ -405,11 +423,17 @@ def daemonset(
     volumes: Iterable[Obj] = (),
     extra_node_selector: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
+    part_of: str | None = None,
     host_pid: bool = False,
     host_ipc: bool = False,
 ) -> Obj:
-    """The base DaemonSet of an operand, before the common and operand transforms."""
-    pod_labels = {**(labels or {}), "app": name, PART_OF_LABEL: PART_OF_VALUE, STATE_LABEL: state}
+    """The base DaemonSet of an operand, before the common and operand transforms.
+
+    Selector: `app` (plus `app.kubernetes.io/part-of` when upstream selects on it); pod labels:
+    the selector plus `labels`; the DaemonSet's own labels add the state label.
+    """
+    selector = {"app": name, **({PART_OF_LABEL: part_of} if part_of else {})}
+    pod_labels = {**(labels or {}), **selector}
     node_selector = {f"{keys.DEPLOY_PREFIX}{deploy_label}": "true", **(extra_node_selector or {})}
     spec: Obj = {
         "serviceAccountName": service_account_name,
@@ -429,9 +453,9 @@ def daemonset(
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": metadata(name, state, facts.namespace, {**(labels or {}), "app": name}),
+        "metadata": metadata(name, state, facts.namespace, pod_labels),
         "spec": {
-            "selector": {"matchLabels": {"app": name}},
+            "selector": {"matchLabels": dict(selector)},
             "template": {"metadata": {"labels": pod_labels}, "spec": spec},
         },
     }

@@ -19,7 +19,11 @@ ENTRYPOINT_CM = "nvidia-container-toolkit-entrypoint"
 DEFAULT_INSTALL_DIR = "/usr/local/nvidia"
 CDI_KIND = "management.nvidia.com/gpu"
 NRI_SOCKET = "/var/run/nri/nri.sock"
+# Where the toolkit writes CRI-O's OCI hook (in the container), and the host directory behind it:
+# upstream's asset names /run/containers/oci/hooks.d and moves it to CRI-O's default hooks
+# directory on CRI-O nodes (off OpenShift, which is all we support).
 CRIO_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
+CRIO_HOOKS_HOST_DIR = "/run/containers/oci/hooks.d"
 
 # Per runtime: the top-level config, the drop-in file and the control socket on the host.
 RUNTIME_CONFIG = {
@@ -62,18 +66,26 @@ def _base(facts: ClusterFacts) -> Obj:
             env("NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND", CDI_KIND),
             env("NVIDIA_VISIBLE_DEVICES", "void"),
             env("TOOLKIT_PID_FILE", "/run/nvidia/toolkit/toolkit.pid"),
+            # The namespace whose pods may ask the NRI plugin for devices by annotation (the
+            # operator's own: its management pods), as upstream sets it.
+            common.namespace_env("NRI_NAMESPACE"),
+            # Ours: the toolkit reports config drift and restores as Events on its Node.
+            common.node_name_env(),
         ],
         mounts=[
             mount("nvidia-container-toolkit-entrypoint", "/bin/entrypoint.sh", read_only=True),
             mount("toolkit-root", "/run/nvidia/toolkit"),
             mount("run-nvidia-validations", common.VALIDATIONS_DIR),
-            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-            mount("host-root", "/host", read_only=True),
             mount("toolkit-install-dir", DEFAULT_INSTALL_DIR),
+            mount("crio-hooks", CRIO_HOOKS_DIR),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+            # Host mounts made later (the driver root) must show through.
+            mount("host-root", "/host", read_only=True, propagation="HostToContainer"),
             mount("cdi-root", "/var/run/cdi"),
         ],
         privileged=True,
     )
+    main["securityContext"]["seLinuxOptions"] = {"level": "s0"}
     main["volumeMounts"][0]["subPath"] = "entrypoint.sh"
     volumes = [
         {
@@ -84,6 +96,7 @@ def _base(facts: ClusterFacts) -> Obj:
         *common.VALIDATION_VOLUMES,
         *common.DRIVER_VALIDATION_VOLUMES,
         host_path("toolkit-install-dir", DEFAULT_INSTALL_DIR),
+        host_path("crio-hooks", CRIO_HOOKS_HOST_DIR),
         host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
     ]
     return common.daemonset(
@@ -166,8 +179,8 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         set_env(ctr, "CDI_ENABLED", "true")
         set_env(ctr, "NVIDIA_RUNTIME_SET_AS_DEFAULT", "false")
         set_env(ctr, "NVIDIA_CONTAINER_RUNTIME_MODE", "cdi")
-        if facts.runtime == "crio":
-            set_env(ctr, "CRIO_CONFIG_MODE", "config")
+        # Set whatever the runtime, as upstream does (CRI-O reads it; others ignore it).
+        set_env(ctr, "CRIO_CONFIG_MODE", "config")
         if enablement.nri_plugin_enabled(spec):
             set_env(ctr, "ENABLE_NRI_PLUGIN", "true")
     elif facts.runtime == "crio":
@@ -178,8 +191,9 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         common.add_volume(ds, host_path("toolkit-install-dir", install_dir))
         common.add_mount(ctr, mount("toolkit-install-dir", install_dir))
     if facts.runtime == "crio":
-        common.add_volume(ds, host_path("crio-hooks", CRIO_HOOKS_DIR))
-        common.add_mount(ctr, mount("crio-hooks", CRIO_HOOKS_DIR))
+        hooks = common.find_volume(ds, "crio-hooks")
+        assert hooks is not None
+        hooks["hostPath"]["path"] = CRIO_HOOKS_DIR
     _wire_runtime(ds, ctr, policy, facts)
 
 

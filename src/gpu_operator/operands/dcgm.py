@@ -43,7 +43,8 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
     """The host engine DaemonSet and Service `nvidia-dcgm` (5555, node-local traffic only)."""
-    objects = common.rbac(SA_NAME, NAME, facts)
+    # Upstream's Role grants only the OpenShift SCC.
+    objects = common.rbac(SA_NAME, NAME, facts, namespace_rules=[common.SCC_USE_PRIVILEGED])
     ds = _base(facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
     # Local traffic policy: each exporter talks to the host engine on its own node.

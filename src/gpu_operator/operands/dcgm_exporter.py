@@ -18,9 +18,10 @@ CTR = "nvidia-dcgm-exporter"
 PORT = 9400
 PORT_NAME = "gpu-metrics"
 READ_PODS = "nvidia-dcgm-exporter-read-pods"
-METRICS_CM = "default-dcgm-exporter-metrics"
 METRICS_KEY = "dcgm-metrics.csv"
 METRICS_PATH = f"/etc/dcgm-exporter/{METRICS_KEY}"
+# Without a metrics ConfigMap upstream points the exporter at this file of its image.
+DEFAULT_COLLECTORS = f"{counters.IMAGE_DIR}/{counters.OPERATOR_DEFAULT_FILE}"
 REMOTE_ENGINE = "DCGM_REMOTE_HOSTENGINE_INFO"
 POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
 POD_UID_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"
@@ -28,8 +29,9 @@ ALLOWLIST_ENV = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"
 
 
 def default_metrics_csv() -> str:
-    """The default counters file (the exporter's own, shipped with it), reference §3.1."""
-    return counters.default_text()
+    """The counters the exporter collects without a metrics ConfigMap: the exporter image's
+    dcp-metrics-included.csv, which upstream's DaemonSet names (shipped with our exporter)."""
+    return counters.shipped_text(counters.OPERATOR_DEFAULT_FILE)
 
 
 def check_metrics_config(policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
@@ -41,7 +43,7 @@ def check_metrics_config(policy: api.ClusterPolicy, facts: ClusterFacts) -> None
     "configmap references non-existent config key". We refuse it up front and say so.
     """
     name = metrics_config_map(policy)
-    if name == METRICS_CM:
+    if name is None:
         return
     where = f"dcgmExporter.config.name: ConfigMap {name!r} in namespace {facts.namespace!r}"
     if name not in facts.config_map_keys:
@@ -82,30 +84,27 @@ def needs_pod_access(policy: api.ClusterPolicy) -> bool:
     )
 
 
-def metrics_config_map(policy: api.ClusterPolicy) -> str:
+def metrics_config_map(policy: api.ClusterPolicy) -> str | None:
+    """The user's metrics ConfigMap (`dcgmExporter.config.name`), if any."""
     config = policy.spec.dcgmExporter.config
-    return config.name if config and config.name else METRICS_CM
+    return config.name if config and config.name else None
 
 
 def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
     kubelet = enablement.host_paths(policy.spec).kubeletRootDir.rstrip("/")
+    # No command: the image's entrypoint starts the exporter, as upstream runs it (the
+    # distroless exporter image has no shell to run a command line with).
     main = container(
         CTR,
-        command=["/bin/bash", "-c"],
-        args=["exec dcgm-exporter"],
         env_vars=[
             env("DCGM_EXPORTER_LISTEN", f":{PORT}"),
             env("DCGM_EXPORTER_KUBERNETES", "true"),
-            env("DCGM_EXPORTER_COLLECTORS", METRICS_PATH),
+            env("DCGM_EXPORTER_COLLECTORS", DEFAULT_COLLECTORS),
             common.node_name_env(),
         ],
-        mounts=[
-            mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", read_only=True),
-            mount("metrics-config", METRICS_PATH, read_only=True),
-        ],
+        mounts=[mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", read_only=True)],
         privileged=True,
     )
-    main["volumeMounts"][1]["subPath"] = METRICS_KEY
     main["ports"] = [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}]
     health = {"httpGet": {"path": "/health", "port": PORT}, "initialDelaySeconds": 45}
     main["livenessProbe"] = {**health, "periodSeconds": 5}
@@ -120,18 +119,28 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         inits=[common.toolkit_ready_init()],
         volumes=[
             host_path("pod-gpu-resources", f"{kubelet}/pod-resources"),
-            {
-                "name": "metrics-config",
-                "configMap": {
-                    "name": metrics_config_map(policy),
-                    # Upstream mounts this one key: a ConfigMap without it cannot be mounted.
-                    "items": [{"key": METRICS_KEY, "path": METRICS_KEY}],
-                },
-            },
             *common.VALIDATION_VOLUMES,
         ],
     )
     common.pod_spec(ds)["automountServiceAccountToken"] = False
+    config_map = metrics_config_map(policy)
+    if config_map is not None:
+        main_ctr = common.main_container(ds)
+        set_env(main_ctr, "DCGM_EXPORTER_COLLECTORS", METRICS_PATH)
+        item = mount("metrics-config", METRICS_PATH, read_only=True)
+        item["subPath"] = METRICS_KEY
+        common.add_mount(main_ctr, item)
+        common.add_volume(
+            ds,
+            {
+                "name": "metrics-config",
+                "configMap": {
+                    "name": config_map,
+                    # Upstream mounts this one key: a ConfigMap without it cannot be mounted.
+                    "items": [{"key": METRICS_KEY, "path": METRICS_KEY}],
+                },
+            },
+        )
     return ds
 
 
@@ -173,7 +182,16 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
     """RBAC (+ read-pods gate), metrics ConfigMap, DaemonSet, Service and maybe a ServiceMonitor."""
     check_metrics_config(policy, facts)
     exporter = policy.spec.dcgmExporter
-    objects = common.rbac(SA_NAME, NAME, facts)
+    objects = common.rbac(
+        SA_NAME,
+        NAME,
+        facts,
+        # Upstream's Role: the exporter reads ConfigMaps and pods in its namespace.
+        namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
+            common.rule([""], ["configmaps", "pods"], ("get", "list")),
+        ],
+    )
     if needs_pod_access(policy):
         objects += common.rbac(
             READ_PODS,
@@ -185,10 +203,6 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         for obj in objects[-2:]:
             if obj["kind"] == "ClusterRoleBinding":
                 obj["subjects"][0]["name"] = SA_NAME
-    if metrics_config_map(policy) == METRICS_CM:
-        objects.append(
-            common.config_map(METRICS_CM, NAME, facts, {METRICS_KEY: default_metrics_csv()})
-        )
     ds = _base(policy, facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
     service = exporter.service

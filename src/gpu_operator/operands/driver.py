@@ -25,7 +25,40 @@ PEERMEM_CTR = "nvidia-peermem-ctr"
 GDS_CTR = "nvidia-fs-ctr"
 GDRCOPY_CTR = "nvidia-gdrcopy-ctr"
 COMPONENT = "nvidia-driver"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 DRIVER_READY = f"{common.VALIDATIONS_DIR}/.driver-ctr-ready"
+# kubectl logs/exec pick the driver container without -c (upstream's pod annotation).
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
+
+# Upstream ships the driver container's startup probe as a script in this ConfigMap, mounted
+# into the driver container (volume `driver-startup-probe-script`, key `startup-probe.sh`).
+STARTUP_PROBE_CM = "nvidia-driver-startup-probe"
+STARTUP_PROBE_KEY = "startup-probe.sh"
+STARTUP_PROBE_VOLUME = "driver-startup-probe-script"
+STARTUP_PROBE_PATH = f"/usr/local/bin/{STARTUP_PROBE_KEY}"
+# Upstream's probe semantics, in our words: not ready until the nvidia module is loaded (so that
+# nvidia-smi never loads it with default parameters) and nvidia-smi answers; then the ready file
+# is written in one step, listing which optional parts this pod enabled, for the validator.
+STARTUP_PROBE_SCRIPT = f"""#!/bin/sh
+# Startup probe of the driver container (rendered by the GPU operator).
+set -eu
+ready="{DRIVER_READY}"
+mkdir -p "$(dirname "$ready")"
+if [ ! -f /sys/module/nvidia/refcnt ]; then
+  echo "the nvidia kernel module is not loaded yet"
+  exit 1
+fi
+if ! nvidia-smi; then
+  echo "nvidia-smi does not answer yet"
+  exit 1
+fi
+{{
+  echo "GDRCOPY_ENABLED: ${{GDRCOPY_ENABLED:-false}}"
+  echo "GDS_ENABLED: ${{GDS_ENABLED:-false}}"
+  echo "GPU_DIRECT_RDMA_ENABLED: ${{GPU_DIRECT_RDMA_ENABLED:-false}}"
+}} > "$ready.tmp"
+mv "$ready.tmp" "$ready"
+"""
 
 # Upstream's startup probe defaults; precompiled drivers start quickly (no build).
 STARTUP_DEFAULTS = {
@@ -84,6 +117,33 @@ def sanitize_kernel(kernel: str) -> str:
     return name.lower()
 
 
+def startup_probe_config_map(facts: ClusterFacts, state: str = NAME) -> Obj:
+    """The ConfigMap holding the driver container's startup probe script."""
+    cm = common.config_map(
+        STARTUP_PROBE_CM, state, facts, {STARTUP_PROBE_KEY: STARTUP_PROBE_SCRIPT}
+    )
+    cm["metadata"]["labels"].update({"app": DS_NAME, COMPONENT_LABEL: COMPONENT})
+    return cm
+
+
+def anti_affinity(components: list[str]) -> Obj:
+    """At most one driver pod per node, whichever DaemonSet it belongs to (upstream's rule)."""
+    return {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchExpressions": [
+                            {"key": COMPONENT_LABEL, "operator": "In", "values": components}
+                        ]
+                    },
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+
+
 def rbac(facts: ClusterFacts, name: str, state: str) -> list[Obj]:
     """The driver manager evicts GPU pods and pauses operands through node labels."""
     return common.rbac(
@@ -97,7 +157,11 @@ def rbac(facts: ClusterFacts, name: str, state: str) -> list[Obj]:
             common.rule(["apps"], ["daemonsets"], common.READ),
         ],
         namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
             common.rule([""], ["configmaps", "secrets"], common.READ),
+            # Ours: the driver manager records its decisions (pause, eviction refused, preinstalled
+            # driver) as Events on the Node, written in the operator namespace.
+            common.rule([""], ["events"], ("create",)),
         ],
     )
 
@@ -156,7 +220,7 @@ def _driver_container() -> Obj:
         DRIVER_CTR,
         command=["nvidia-driver"],
         args=["init"],
-        env_vars=[common.node_name_env()],
+        env_vars=[common.node_name_env(), common.field_env("NODE_IP", "status.hostIP")],
         mounts=[
             mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
             mount("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager"),
@@ -171,6 +235,10 @@ def _driver_container() -> Obj:
             mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
             mount("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
             mount("nv-firmware", "/lib/firmware"),
+            {
+                **mount(STARTUP_PROBE_VOLUME, STARTUP_PROBE_PATH, read_only=True),
+                "subPath": STARTUP_PROBE_KEY,
+            },
         ],
         privileged=True,
     )
@@ -182,7 +250,7 @@ def _driver_container() -> Obj:
 
 
 def _probe_command() -> list[str]:
-    return ["sh", "-c", f"nvidia-smi && touch {DRIVER_READY}"]
+    return ["sh", STARTUP_PROBE_PATH]
 
 
 def _sidecar(name: str, command: str, args: list[str], extra: list[Obj] | None = None) -> Obj:
@@ -216,6 +284,10 @@ def _volumes() -> list[Obj]:
         host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
         host_path("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
         host_path("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate"),
+        {
+            "name": STARTUP_PROBE_VOLUME,
+            "configMap": {"name": STARTUP_PROBE_CM, "defaultMode": 0o755},
+        },
     ]
 
 
@@ -479,6 +551,10 @@ def _base(
     )
     # The driver is replaced node by node through the upgrade flow, never by a rolling update.
     ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    template = ds["spec"]["template"]
+    template["metadata"]["annotations"] = {DEFAULT_CONTAINER_ANNOTATION: DRIVER_CTR}
+    # A new driver pod never starts beside another driver pod on its node.
+    template["spec"]["affinity"] = anti_affinity([COMPONENT])
     return ds
 
 
@@ -514,8 +590,8 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
             f"{keys.NFD_OS_ID} and {keys.NFD_OS_VERSION_ID}"
         )
     path = images.resolve(policy.spec.driver, "driver", facts.operator_env)
-    objects: list[Obj] = rbac(facts, SA_NAME, NAME)
-    component = {"app.kubernetes.io/component": COMPONENT}
+    objects: list[Obj] = [*rbac(facts, SA_NAME, NAME), startup_probe_config_map(facts)]
+    component = {COMPONENT_LABEL: COMPONENT}
     if not policy.spec.driver.usePrecompiled:
         objects.append(
             daemonset(
@@ -531,14 +607,11 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         return objects
     for kernel in sorted(set(facts.kernels)):
         name = f"{DS_NAME}-{sanitize_kernel(kernel)}-{tag}"
-        labels = {
-            **component,
-            keys.PRECOMPILED: "true",
-            f"{keys.PRECOMPILED}.kernel-version": sanitize_kernel(kernel),
-        }
+        labels = {**component, keys.PRECOMPILED: "true"}
         ds = _base(facts, name, {keys.NFD_KERNEL_FULL: kernel}, labels)
-        # Precompiled DaemonSets keep the common `app` label so the upgrade flow finds every
-        # driver pod; pods are told apart by their owner, and the kernel label disambiguates.
+        # As upstream: every per-kernel DaemonSet keeps the name, selector and pod label
+        # `app: nvidia-driver-daemonset` (selectors overlap; pods are told apart by their
+        # controller reference, and each DaemonSet's nodeSelector names its kernel).
         _share_app_label(ds)
         image = images.precompiled_driver_image(path, kernel, tag)
         objects.append(
@@ -555,8 +628,6 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
 
 
 def _share_app_label(ds: Obj) -> None:
-    kernel = ds["metadata"]["labels"][f"{keys.PRECOMPILED}.kernel-version"]
-    selector = {"app": DS_NAME, f"{keys.PRECOMPILED}.kernel-version": kernel}
     ds["metadata"]["labels"]["app"] = DS_NAME
     ds["spec"]["template"]["metadata"]["labels"]["app"] = DS_NAME
-    ds["spec"]["selector"] = {"matchLabels": selector}
+    ds["spec"]["selector"] = {"matchLabels": {"app": DS_NAME}}

@@ -48,6 +48,8 @@ def _base(facts: ClusterFacts) -> Obj:
         facts,
         deploy_label="gpu-feature-discovery",
         service_account_name=SA_NAME,
+        # Upstream selects GFD pods on app and part-of `nvidia-gpu`.
+        part_of=common.PART_OF_VALUE,
         main=[main, sidecar_cm],
         inits=[common.toolkit_ready_init(), init_cm],
         volumes=[

@@ -1,7 +1,8 @@
 """State `state-mig-manager`: applies the MIG layout a node label `nvidia.com/mig.config` names.
 
-The default mig-parted configuration is generated from the GPU catalog's MIG profile tables, so
-every catalogued MIG-capable model gets `all-<profile>` layouts and `all-balanced`.
+The default mig-parted configuration holds upstream's configs, recorded as facts in
+`operands.mig_configs`; the `nvidia-mig-manager-entrypoint` script starts upstream's manager
+once the driver is validated.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from typing import Any
 
 from gpu_operator import api
 from gpu_operator.api import enablement
-from gpu_operator.nvml import catalog
-from gpu_operator.operands import common
+from gpu_operator.operands import common, mig_configs
 from gpu_operator.operands.common import Obj, container, env, host_path, mount, set_env
 from gpu_operator.operands.facts import ClusterFacts
 
@@ -23,6 +23,7 @@ SA_NAME = "nvidia-mig-manager"
 CTR = "nvidia-mig-manager"
 MIG_CONFIG_CM = "default-mig-parted-config"
 GPU_CLIENTS_CM = "default-gpu-clients"
+ENTRYPOINT_CM = "nvidia-mig-manager-entrypoint"
 CONFIG_DIR = "/mig-parted-config"
 CLIENTS_DIR = "/gpu-clients"
 
@@ -39,13 +40,22 @@ GPU_CLIENT_SERVICES = (
     "dcgm-exporter.service",
 )
 
-# all-balanced per GPU size (compute slices): counts of the plain 1g/2g/3g profiles.
-_BALANCED = {7: {1: 2, 2: 1, 3: 1}, 4: {1: 2, 2: 1}}
-_PLAIN_PROFILES = (
-    catalog.GI_PROFILE_1_SLICE,
-    catalog.GI_PROFILE_2_SLICE,
-    catalog.GI_PROFILE_3_SLICE,
-)
+
+# Upstream starts its manager through this script: it waits for the validator's driver-ready
+# marker, and stops the host's own GPU services around a MIG change only when the driver is
+# installed on the host (a containerised driver leaves no such services to stop). Only
+# IS_HOST_DRIVER is taken from the marker: the driver root paths in it are the validator's view,
+# while this container has its own mount and env for them.
+ENTRYPOINT = """#!/bin/sh
+ready=/run/nvidia/validations/driver-ready
+until [ -f "$ready" ]; do
+  echo "waiting for the driver validation ($ready)"; sleep 5
+done
+host_driver=$(sed -n 's/^IS_HOST_DRIVER=//p' "$ready" | tr -d '"' | tail -n 1)
+export WITH_SHUTDOWN_HOST_GPU_CLIENTS="${host_driver:-false}"
+echo "WITH_SHUTDOWN_HOST_GPU_CLIENTS=$WITH_SHUTDOWN_HOST_GPU_CLIENTS"
+exec nvidia-mig-manager
+"""
 
 
 def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
@@ -83,48 +93,8 @@ def _to_yaml(value: Any, indent: int = 0) -> str:
 
 
 def default_mig_configs() -> dict[str, list[dict[str, Any]]]:
-    """mig-parted `mig-configs`: all-disabled, all-enabled, all-<profile> and all-balanced."""
-    configs: dict[str, list[dict[str, Any]]] = {
-        "all-disabled": [{"devices": "all", "mig-enabled": False}],
-        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
-    }
-    per_profile: dict[str, list[tuple[str, dict[str, int]]]] = {}
-    balanced: list[tuple[str, dict[str, int]]] = []
-    for model in catalog.mig_capable_models():
-        for profile in model.mig_profiles:
-            name = f"all-{profile.resource_name}"
-            per_profile.setdefault(name, []).append(
-                (model.pci_device_id_hex, {profile.name: profile.instance_count})
-            )
-        plain = {
-            p.slice_count: p.name for p in model.mig_profiles if p.profile_id in _PLAIN_PROFILES
-        }
-        layout = _BALANCED.get(model.mig_compute_slices, {})
-        if layout and all(slices in plain for slices in layout):
-            balanced.append(
-                (model.pci_device_id_hex, {plain[s]: count for s, count in layout.items()})
-            )
-    for name in sorted(per_profile, key=_profile_sort_key):
-        configs[name] = _grouped(per_profile[name])
-    configs["all-balanced"] = _grouped(balanced)
-    return configs
-
-
-def _profile_sort_key(name: str) -> tuple[int, str]:
-    slices = name.removeprefix("all-").split("g", 1)[0]
-    return (int(slices) if slices.isdigit() else 99, name)
-
-
-def _grouped(entries: list[tuple[str, dict[str, int]]]) -> list[dict[str, Any]]:
-    """One spec per distinct layout, filtered to the models that share it."""
-    by_layout: dict[str, tuple[list[str], dict[str, int]]] = {}
-    for device_id, devices in entries:
-        key = json.dumps(devices, sort_keys=True)
-        by_layout.setdefault(key, ([], devices))[0].append(device_id)
-    return [
-        {"device-filter": ids, "devices": "all", "mig-enabled": True, "mig-devices": devices}
-        for ids, devices in by_layout.values()
-    ]
+    """mig-parted `mig-configs` of upstream's default ConfigMap (81 configs, see mig_configs)."""
+    return mig_configs.document()
 
 
 def default_mig_config_yaml() -> str:
@@ -151,7 +121,8 @@ def _clients_name(policy: api.ClusterPolicy) -> str:
 def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
     main = container(
         CTR,
-        command=["nvidia-k8s-mig-manager"],
+        command=["/bin/sh", "-c"],
+        args=["/bin/entrypoint.sh"],
         env_vars=[
             common.node_name_env(),
             env("GPU_CLIENTS_FILE", f"{CLIENTS_DIR}/clients.yaml"),
@@ -174,6 +145,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
             common.namespace_env("POD_NAMESPACE"),
         ],
         mounts=[
+            mount(ENTRYPOINT_CM, "/bin/entrypoint.sh", read_only=True),
             mount("run-nvidia-validations", common.VALIDATIONS_DIR),
             mount("mig-parted-config", CONFIG_DIR),
             mount("gpu-clients", CLIENTS_DIR),
@@ -184,6 +156,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         ],
         privileged=True,
     )
+    main["volumeMounts"][0]["subPath"] = "entrypoint.sh"
     return common.daemonset(
         DS_NAME,
         NAME,
@@ -193,6 +166,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         main=[main],
         inits=[common.toolkit_ready_init()],
         volumes=[
+            {"name": ENTRYPOINT_CM, "configMap": {"name": ENTRYPOINT_CM, "defaultMode": 448}},
             *common.VALIDATION_VOLUMES,
             {"name": "gpu-clients", "configMap": {"name": _clients_name(policy)}},
             host_path("host-root", "/"),
@@ -237,13 +211,18 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         SA_NAME,
         NAME,
         facts,
+        # As upstream: node labels, and listing the pods on its node (GPU clients to wait for);
+        # nothing cluster-wide beyond that.
         cluster_rules=[
             common.rule([""], ["nodes"], ("get", "list", "watch", "update", "patch")),
-            common.rule([""], ["pods"], ("get", "list", "watch", "delete")),
+            common.rule([""], ["pods"], ("list",)),
         ],
-        # The manager publishes the hardware-generated config as `<node>-mig-config`, and
-        # records Events about its node's MIG changes.
+        # Our manager also needs, in the operator namespace only: its own pod (owner of the
+        # published config) and deleting the validator pods so they re-validate the new layout
+        # (agents/mig_manager/reconfigure.py); the `<node>-mig-config` it publishes; Events.
         namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
+            common.rule([""], ["pods"], ("get", "delete")),
             common.rule([""], ["configmaps"], common.WRITE),
             common.rule([""], ["events"], ("create",)),
         ],
@@ -260,6 +239,7 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
                 GPU_CLIENTS_CM, NAME, facts, {"clients.yaml": default_gpu_clients_yaml()}
             )
         )
+    objects.append(common.config_map(ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}))
     ds = _base(policy, facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
     return objects

@@ -12,7 +12,8 @@ from gpu_operator.operands.facts import ClusterFacts
 
 NAME = "state-mps-control-daemon"
 DS_NAME = "nvidia-device-plugin-mps-control-daemon"
-SA_NAME = "nvidia-mps-control-daemon"
+# Upstream names the account, its roles and bindings after the DaemonSet.
+SA_NAME = "nvidia-device-plugin-mps-control-daemon"
 CTR = "mps-control-daemon-ctr"
 MOUNTS_INIT = "mps-control-daemon-mounts"
 
@@ -74,7 +75,7 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         NAME,
         facts,
         cluster_rules=[common.rule([""], ["nodes"], common.READ)],
-        namespace_rules=[config_manager.EVENTS_RULE],
+        namespace_rules=[common.SCC_USE_PRIVILEGED, config_manager.EVENTS_RULE],
     )
     ds = _base(facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))

@@ -63,7 +63,16 @@ def _base(facts: ClusterFacts) -> Obj:
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
     """RBAC, DaemonSet, Service (8000) and a ServiceMonitor when its CRD exists."""
     objects = common.rbac(
-        SA_NAME, NAME, facts, cluster_rules=[common.rule([""], ["nodes"], common.READ)]
+        SA_NAME,
+        NAME,
+        facts,
+        cluster_rules=[common.rule([""], ["nodes"], common.READ)],
+        # Upstream's Role: pods/nodes reads in the namespace, and SCC use (upstream: any SCC;
+        # here only `privileged`, which is all the pod needs).
+        namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
+            common.rule([""], ["pods", "nodes"], ("get", "list")),
+        ],
     )
     spec = policy.spec.nodeStatusExporter
     ds = _base(facts)

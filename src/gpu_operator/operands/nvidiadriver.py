@@ -38,6 +38,7 @@ Obj = dict[str, Any]
 
 STATE = driver.NAME
 COMPONENT = driver.COMPONENT
+VGPU_MANAGER_COMPONENT = "nvidia-vgpu-manager"
 GROUP_VERSION = "nvidia.com/v1alpha1"
 KIND = "NVIDIADriver"
 DEFAULT_PRIORITY_CLASS = "system-node-critical"
@@ -322,7 +323,7 @@ def render_pool(
     else:
         image = images.driver_image(path, pool.os_tag)
     labels = {
-        "app.kubernetes.io/component": COMPONENT,
+        driver.COMPONENT_LABEL: COMPONENT,
         keys.NODE_OS_VERSION: pool.os_tag,
         keys.PRECOMPILED: "true" if pool.kernel else "false",
     }
@@ -343,25 +344,8 @@ def render_pool(
     # Driver pods are replaced node by node through the upgrade flow, never rolled.
     ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
     # A new driver pod must not start beside one that still runs (an orphan of the ClusterPolicy,
-    # or another pool's): upstream's anti-affinity on the driver component.
-    pod["affinity"] = {
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {
-                        "matchExpressions": [
-                            {
-                                "key": "app.kubernetes.io/component",
-                                "operator": "In",
-                                "values": [COMPONENT, "nvidia-vgpu-manager"],
-                            }
-                        ]
-                    },
-                    "topologyKey": "kubernetes.io/hostname",
-                }
-            ]
-        }
-    }
+    # or another pool's): upstream's anti-affinity on the driver and vGPU manager components.
+    pod["affinity"] = driver.anti_affinity([COMPONENT, VGPU_MANAGER_COMPONENT])
     if spec.hostNetwork:
         common.set_host_network(ds)
     ds["metadata"]["ownerReferences"] = [_owner_reference(item, controller=True)]
@@ -380,6 +364,14 @@ def render_accounts(drivers: Sequence[DriverInput], facts: ClusterFacts) -> list
         for obj in driver.rbac(facts, account, STATE):
             obj["metadata"]["ownerReferences"] = refs
             objects.append(obj)
+    owners = [d for d in drivers if d.spec is not None]
+    if owners:
+        # One startup probe script for every pool's driver container, as with a ClusterPolicy.
+        probe = driver.startup_probe_config_map(facts, STATE)
+        probe["metadata"]["ownerReferences"] = [
+            _owner_reference(d, controller=False) for d in sorted(owners, key=lambda d: d.name)
+        ]
+        objects.append(probe)
     return objects
 
 

@@ -19,6 +19,11 @@ DS_NAME = "nvidia-operator-validator"
 SA_NAME = "nvidia-operator-validator"
 MAIN = "nvidia-operator-validator"
 STEPS = ("driver", "toolkit", "cuda", "plugin")
+# Upstream grants the validator the ClusterPolicy finalizers (in its Role and ClusterRole): the
+# workload pods it creates name an owner with blockOwnerDeletion, which clusters enforcing
+# OwnerReferencesPermissionEnforcement allow only with update on the owner's finalizers. Upstream
+# grants every verb there; `update` is the only one the API server checks.
+FINALIZERS_RULE: Obj = common.rule(["nvidia.com"], ["clusterpolicies/finalizers"], ("update",))
 
 
 def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
@@ -27,6 +32,9 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
 
 def _step(component: str, *, with_wait: bool) -> Obj:
     mounts = [mount("run-nvidia-validations", common.VALIDATIONS_DIR, propagation="Bidirectional")]
+    # The toolkit check runs nvidia-smi in a container the NVIDIA runtime must fill: upstream
+    # asks for every GPU.
+    visible = [env("NVIDIA_VISIBLE_DEVICES", "all")] if component == "toolkit" else []
     if component == "toolkit":
         mounts.append(mount("driver-install-dir", "/run/nvidia/driver", read_only=True))
     return container(
@@ -34,6 +42,7 @@ def _step(component: str, *, with_wait: bool) -> Obj:
         command=["sh", "-c"],
         args=["nvidia-validator"],
         env_vars=[
+            *visible,
             env("WITH_WAIT", str(with_wait).lower()),
             env("COMPONENT", component),
             common.node_name_env(),
@@ -64,13 +73,14 @@ def _base(facts: ClusterFacts) -> Obj:
         _step("cuda", with_wait=False),
         _step("plugin", with_wait=False),
     ]
-    inits[0]["env"].append(common.node_name_env())
     return common.daemonset(
         DS_NAME,
         NAME,
         facts,
         deploy_label="operator-validator",
         service_account_name=SA_NAME,
+        # Upstream selects validator pods on app and part-of `gpu-operator`.
+        part_of=common.PART_OF_OPERATOR,
         main=[main],
         inits=inits,
         volumes=[*common.VALIDATION_VOLUMES, *common.DRIVER_VALIDATION_VOLUMES],
@@ -118,11 +128,13 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         SA_NAME,
         NAME,
         facts,
-        cluster_rules=[common.rule([""], ["nodes"], common.READ)],
+        cluster_rules=[common.rule([""], ["nodes"], common.READ), FINALIZERS_RULE],
         # The cuda and plugin steps create, watch and delete their workload pods.
         namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
             common.rule([""], ["pods"], common.WRITE),
             common.rule(["apps"], ["daemonsets"], common.READ),
+            FINALIZERS_RULE,
         ],
     )
     ds = _base(facts)

@@ -26,6 +26,21 @@ _QUOTE_MESSAGE = frozenset(
 )
 
 
+# How much of a container's termination message a reason quotes (its last line, this long).
+_MESSAGE_LIMIT = 300
+
+
+def termination_message(terminated: Obj | None) -> str:
+    """The telling part of a terminated container's `message`: its last non-empty line (the
+    validator writes one line; a log tail ends with the error), shortened to a status line."""
+    message = str((terminated or {}).get("message") or "")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return last if len(last) <= _MESSAGE_LIMIT else last[: _MESSAGE_LIMIT - 3] + "..."
+
+
 @dataclass(frozen=True)
 class Readiness:
     """Whether a workload is ready, how many pods it wants, how many are not ready, and why."""
@@ -111,13 +126,25 @@ def _container_problem(statuses: list[Obj], kind: str) -> tuple[int, str] | None
             message = waiting.get("message")
             if message and reason in _QUOTE_MESSAGE:
                 text += f": {message}"
+            else:
+                # A container crash-looping says why it failed last time in its message.
+                last = termination_message((status.get("lastState") or {}).get("terminated"))
+                if last:
+                    text += f": {last}"
             if restarts:
                 text += f" (restarted {restarts} times)"
             found = (severity, text)
+        elif kind == "init container" and state.get("running") is not None and restarts:
+            # Retrying after a failure: the last failure is the best evidence there is.
+            last = termination_message((status.get("lastState") or {}).get("terminated"))
+            if last:
+                found = (3, f"{kind} {name} is retrying (restarted {restarts} times): {last}")
         elif terminated is not None and _int(terminated.get("exitCode")) != 0:
             reason = terminated.get("reason") or "Error"
             code = _int(terminated.get("exitCode"))
-            found = (3, f"{kind} {name} terminated with exit code {code} ({reason})")
+            text = f"{kind} {name} terminated with exit code {code} ({reason})"
+            last = termination_message(terminated)
+            found = (3, f"{text}: {last}" if last else text)
         elif kind == "container" and not status.get("ready", False):
             suffix = f" (restarted {restarts} times)" if restarts else ""
             found = (2, f"{kind} {name} is not ready{suffix}")

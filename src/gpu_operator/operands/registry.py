@@ -92,6 +92,40 @@ STATES: tuple[State, ...] = tuple(
 )
 
 
+# The `app` label of every operand DaemonSet's pods (ClusterPolicy states; precompiled driver
+# DaemonSets keep `nvidia-driver-daemonset`). Pods carry upstream's labels only, so this, with the
+# NVIDIADriver pools' component label, is how a pod is known as an operand pod.
+OPERAND_APPS: tuple[str, ...] = tuple(
+    sorted(
+        m.DS_NAME
+        for m in (
+            cc_manager,
+            container_toolkit,
+            dcgm,
+            dcgm_exporter,
+            device_plugin,
+            driver,
+            gpu_feature_discovery,
+            kata_device_plugin,
+            mig_manager,
+            mps_control_daemon,
+            node_status_exporter,
+            operator_validation,
+            sandbox_device_plugin,
+            sandbox_validation,
+            vfio_manager,
+            vgpu_device_manager,
+            vgpu_manager,
+        )
+    )
+)
+# Label selectors (kubectl syntax) that together match every operand pod and no other pod.
+OPERAND_POD_SELECTORS: tuple[str, ...] = (
+    f"app in ({','.join(OPERAND_APPS)})",
+    f"app.kubernetes.io/component={driver.COMPONENT}",
+)
+
+
 def render_all(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[RenderedState]:
     """Render every state in order; one state's failure is reported and the others go on."""
     rendered: list[RenderedState] = []

@@ -66,6 +66,8 @@ def _base(facts: ClusterFacts) -> Obj:
         facts,
         deploy_label="sandbox-validator",
         service_account_name=SA_NAME,
+        # Upstream selects sandbox validator pods on app and part-of `gpu-operator`.
+        part_of=common.PART_OF_OPERATOR,
         main=[main],
         inits=[_step(component) for component, _ in STEPS],
         volumes=[

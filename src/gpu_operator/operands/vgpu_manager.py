@@ -43,7 +43,7 @@ def _base(facts: ClusterFacts) -> Obj:
             }
         }
     }
-    return common.daemonset(
+    ds = common.daemonset(
         DS_NAME,
         NAME,
         facts,
@@ -62,6 +62,11 @@ def _base(facts: ClusterFacts) -> Obj:
         ],
         host_pid=True,
     )
+    # As upstream: kubectl logs/exec default to the manager container.
+    ds["spec"]["template"]["metadata"]["annotations"] = {
+        driver.DEFAULT_CONTAINER_ANNOTATION: main["name"]
+    }
+    return ds
 
 
 def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts, image: str) -> None:

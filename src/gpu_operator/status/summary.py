@@ -27,6 +27,24 @@ class ClusterView:
     has_nfd: bool = True
     gpu_nodes: int = 1
     label_conflicts: int = 0
+    # GPU nodes whose host runs its own driver while the policy installs drivers (sorted).
+    preinstalled_drivers: tuple[str, ...] = ()
+
+
+def preinstalled_message(nodes: Sequence[str], shown: int = 5) -> str:
+    """What to say about GPU nodes with a preinstalled driver while `driver.enabled=true` ("" for
+    none): which nodes, that the operator leaves them alone, and the two ways out (seed
+    documents 000/001: on AKS the two drivers are mutually exclusive)."""
+    if not nodes:
+        return ""
+    names = ", ".join(nodes[:shown])
+    if len(nodes) > shown:
+        names += f" and {len(nodes) - shown} more"
+    return (
+        f"{len(nodes)} GPU node(s) already run a preinstalled NVIDIA driver ({names}): the "
+        "operator's driver does not run there while driver.enabled=true; create the node pool "
+        "with --gpu-driver none, or set driver.enabled=false"
+    )
 
 
 def _not_ready_message(reports: Sequence[StateReport]) -> str:
@@ -74,6 +92,8 @@ def build(
             f"; {cluster.label_conflicts} node label(s) set by someone else were left as they are"
             " (see events)"
         )
+    if cluster.preinstalled_drivers:
+        message += "; " + preinstalled_message(cluster.preinstalled_drivers)
     return {
         "state": "ready" if ready else "notReady",
         "namespace": namespace,

@@ -19,7 +19,10 @@ Upstream behaviour kept (pkg/controller/daemon in kube-controller-manager 1.35, 
   maxUnavailable nodes are unavailable; with maxSurge it creates new pods beside old ones (up to
   maxSurge at a time) and deletes an old pod once its replacement is available;
 * status counts the oldest pod of each node; old ControllerRevisions beyond
-  revisionHistoryLimit are deleted unless a live pod still carries their hash.
+  revisionHistoryLimit are deleted unless a live pod still carries their hash;
+* orphaned pods in the DaemonSet's namespace that its selector matches (no controller, not being
+  deleted) are adopted before any pod is created, as the ControllerRefManager claims them (here
+  on every full walk: creation, spec change, start).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from kubesim import errors
+from kubesim import errors, selectors
 from kubesim.controllers import scheduling
 from kubesim.controllers.base import SLICE_SECONDS, Controller
 from kubesim.store import Event, Stored, dumps, loads
@@ -299,6 +302,7 @@ class DaemonSetController(Controller):
         state.template = _pod_prototype(ds, template, state.hash)
         state.prototype = self._admit(state.template)
         state.pods.clear()
+        self._adopt_orphans(ds)
         for key, ns, pod_name in self.store.dependents(state.uid):
             if key != POD_KEY:
                 continue
@@ -310,6 +314,26 @@ class DaemonSetController(Controller):
         state.dirty.update(state.pods)
         state.dirty.update(state.records)
         self._ensure_revision(ds, state, template)
+
+    def _adopt_orphans(self, ds: dict[str, Any]) -> None:
+        """Give orphaned pods the selector matches a controller reference to this DaemonSet."""
+        meta = ds["metadata"]
+        selector = selectors.from_label_selector_object((ds.get("spec") or {}).get("selector"))
+        rt = self.rt("pods")
+        for stored in list(self.store.scan(POD_KEY, meta["namespace"])):
+            pod_meta = stored.obj["metadata"]
+            if pod_meta.get("deletionTimestamp") or any(
+                r.get("controller") for r in pod_meta.get("ownerReferences") or []
+            ):
+                continue
+            if not selector.matches(pod_meta.get("labels")):
+                continue
+            adopted = loads(dumps(stored.obj))
+            adopted["metadata"]["ownerReferences"] = [
+                *(pod_meta.get("ownerReferences") or []),
+                _owner_ref(ds),
+            ]
+            self.store.replace(rt, adopted, namespace=meta["namespace"], name=pod_meta["name"])
 
     def _sync_node(self, ds: dict[str, Any], state: DaemonState, node_name: str) -> None:
         """Create or delete this DaemonSet's pods on one node, then recompute its record."""

@@ -14,12 +14,12 @@ import hashlib
 import inspect
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kubesim import errors, programs, runner_logs, selectors
+from kubesim import cri, errors, programs, runner_logs, runtime_class, selectors, termination
 from kubesim.controllers.base import Controller
 from kubesim.controllers.volumes import (
     CONFIGMAP_KEY,
@@ -42,6 +42,7 @@ from kubesim.streaming.runtime import (
     ContainerIO,
     ContainerRuntime,
     ExecFunction,
+    ExecOutput,
     ExecProcess,
 )
 
@@ -133,6 +134,8 @@ class PodContext(ContainerIO):
         self.volumes: PodVolumes | None = None
         # What device plugins gave this container (set by the kubelet; None: no devices).
         self.allocation: ContainerAllocation | None = None
+        # What the container wrote to its terminationMessagePath (None: nothing).
+        self.termination_message: str | None = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -176,6 +179,57 @@ class PodContext(ContainerIO):
     def node_root(self) -> Path:
         """The node's root directory (its `/`) on this machine."""
         return self._kubelet.node_root(self.node_name)
+
+    def write_termination_message(self, text: str) -> None:
+        """Write the container's termination message (its `terminationMessagePath`, replaced,
+        not appended): the kubelet reports it as `state.terminated.message` (see
+        kubesim.termination)."""
+        self.termination_message = text
+
+    async def run_program(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | str = b"",
+        env: Mapping[str, str] | None = None,
+    ) -> programs.ProgramResult:
+        """Run a program inside this container and collect its output: found as `kubectl
+        exec` finds it (the runner's exec entries, then registered programs present here);
+        a missing one gives exit code 127 and Go's `executable file not found in $PATH`.
+        `env` is added to the container's environment for this process."""
+        args = [str(a) for a in argv]
+        if not args:
+            raise ValueError("run_program needs a program name (argv is empty)")
+        handler = self._instance.resolve_exec(args)
+        if handler is None:
+            return programs.ProgramResult(
+                programs.NOT_FOUND_EXIT, "", programs.not_found_message(args[0]) + "\n"
+            )
+        out: list[bytes] = []
+        err: list[bytes] = []
+        reader = asyncio.StreamReader()
+        reader.feed_data(stdin.encode() if isinstance(stdin, str) else bytes(stdin))
+        reader.feed_eof()
+        proc = ExecProcess(
+            argv=args,
+            stdin=reader,
+            stdout=ExecOutput(out.append),
+            stderr=ExecOutput(err.append),
+            tty=False,
+            container=self.container_name,
+            env={**self.env, **(env or {})},
+        )
+        try:
+            code = int(await handler(proc) or 0)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A crashing program leaves its traceback on stderr, as a real one would.
+            err.append(traceback.format_exc().encode())
+            code = 1
+        return programs.ProgramResult(
+            code, b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace")
+        )
 
 
 @runtime_checkable
@@ -286,10 +340,14 @@ class _PodWorker:
         self.ephemeral_tasks: dict[str, asyncio.Task[None]] = {}
         # Containers whose command the runtime could not start (name -> runc's message).
         self.start_errors: dict[str, str] = {}
+        # What each container's last run wrote to its terminationMessagePath.
+        self.termination_messages: dict[str, str] = {}
         # Device-plugin allocations per container name, from admission.
         self.allocations: dict[str, ContainerAllocation] = {}
         # (reason, message) when admission refused the pod.
         self.rejected: tuple[str, str] | None = None
+        # The CRI runtime handler of the pod's RuntimeClass ("" = the runtime's default).
+        self.runtime_handler = ""
 
     # ----- status model ---------------------------------------------------------------------
 
@@ -453,6 +511,7 @@ class _PodWorker:
             # Instant mode publishes only the settled state (one status write per pod).
             self.mark()
         await self._mount_volumes()
+        await self._run_sandbox()
         self.sandbox_ready = True
         restart_policy = spec.get("restartPolicy", "Always")
         for index, container in enumerate(inits):
@@ -462,7 +521,7 @@ class _PodWorker:
                 self.mark()
                 began = asyncio.get_running_loop().time()
                 code = await self._run_container(container, init=True)
-                terminated = self._terminated(code, started_at, status)
+                terminated = self._terminated(code, started_at, status, container)
                 status["started"] = False
                 status["state"] = {"terminated": terminated}
                 self.mark()
@@ -541,6 +600,45 @@ class _PodWorker:
                 await asyncio.wait_for(self.wake.wait(), delay)
             delay = min(delay * 2, kubelet.config.mount_retry_delay * 30)
 
+    async def _run_sandbox(self) -> None:
+        """Resolve the pod's runtime handler and have the registered runtime run its sandbox,
+        retrying with back-off (Events `FailedCreatePodSandBox`) until both work (kubesim.cri)."""
+        kubelet = self.kubelet
+        attempt = 0
+        while True:
+            try:
+                self.runtime_handler = runtime_class.lookup_handler(kubelet.store, self.pod)
+                if kubelet.cri is not None:
+                    sandbox_id = cri.sandbox_id(self.uid, attempt)
+                    kubelet.cri.run_sandbox(
+                        cri.PodSandbox(
+                            sandbox_id, self.node_name, self.pod, self.runtime_handler, attempt
+                        )
+                    )
+                return
+            except runtime_class.HandlerNotFound as exc:
+                message = str(exc)
+            except cri.CriError as exc:
+                message = exc.rpc_message
+            except Exception as exc:  # a broken runtime hook must not kill the pod worker
+                log.exception("run_sandbox for %s/%s failed", *self.key)
+                message = cri.CriError(str(exc)).rpc_message
+            self.event(
+                "Warning", "FailedCreatePodSandBox", f"Failed to create pod sandbox: {message}"
+            )
+            self.mark()
+            attempt += 1
+            await asyncio.sleep(self._retry_delay(attempt))
+
+    def _retry_delay(self, attempt: int) -> float:
+        """The kubelet's back-off before re-syncing a pod whose sandbox or container could not
+        be created: the initial delay doubling up to the cap."""
+        cfg = self.kubelet.config
+        # A floor even in instant mode, so that a runtime that keeps refusing is not polled
+        # in a tight loop.
+        cap = max(cfg.delay(cfg.restart_delay_max), 0.01)
+        return float(min(max(cfg.delay(cfg.restart_delay), 0.01) * 2 ** (attempt - 1), cap))
+
     @staticmethod
     def _field_path(container: dict[str, Any], init: bool) -> str:
         kind = "initContainers" if init else "containers"
@@ -589,16 +687,49 @@ class _PodWorker:
         if self.volumes is not None:
             self.volumes.prepare_container(container, resolve_env(self.pod, container))
         await self._pre_start(container, status, field_path)
+        start_error = await self._create_container(container, status, field_path, init)
         suffix = "i" if init else ""
         status["containerID"] = (
             f"containerd://{self.uid[:8]}{index:04d}{status['restartCount']:04d}{suffix}"
         )
         self.event("Normal", "Created", "Container created", field_path)
         started_at = now()
+        if start_error is not None:
+            # The runtime could not start the process: no Started, a StartError instead.
+            self.start_errors[container.get("name", "")] = start_error
+            self.event("Warning", "Failed", f"Error: {start_error}", field_path)
+            return started_at
         status["state"] = {"running": {"startedAt": started_at}}
         status["started"] = True
         self.event("Normal", "Started", "Container started", field_path)
         return started_at
+
+    async def _create_container(
+        self, container: dict[str, Any], status: dict[str, Any], field_path: str, init: bool
+    ) -> str | None:
+        """CreateContainer through the registered runtime: a refusal leaves the container
+        waiting in CreateContainerError (Event `Failed`), retried with back-off; a process that
+        could not start is returned as the runtime's message (for a StartError)."""
+        service = self.kubelet.cri
+        if service is None:
+            return None
+        attempt = 0
+        while True:
+            try:
+                service.create_container(self.container_view(container, init))
+                return None
+            except cri.StartContainerError as exc:
+                return exc.message
+            except cri.CriError as exc:
+                message = exc.message
+            except Exception as exc:  # a broken runtime hook must not kill the pod worker
+                log.exception("create_container for %s/%s failed", *self.key)
+                message = str(exc)
+            status["state"] = {"waiting": {"reason": "CreateContainerError", "message": message}}
+            self.event("Warning", "Failed", f"Error: {message}", field_path)
+            self.mark()
+            attempt += 1
+            await asyncio.sleep(self._retry_delay(attempt))
 
     async def _pre_start(
         self, container: dict[str, Any], status: dict[str, Any], field_path: str
@@ -620,8 +751,12 @@ class _PodWorker:
             cfg = self.kubelet.config
             await asyncio.sleep(max(cfg.delay(cfg.restart_delay), 0.001))
 
-    def _terminated(self, code: int, started_at: str, status: dict[str, Any]) -> dict[str, Any]:
-        start_error = self.start_errors.pop(status.get("name", ""), None)
+    def _terminated(
+        self, code: int, started_at: str, status: dict[str, Any], container: dict[str, Any]
+    ) -> dict[str, Any]:
+        name = status.get("name", "")
+        written = self.termination_messages.pop(name, None)
+        start_error = self.start_errors.pop(name, None)
         if start_error is not None:
             # The process never started: runc's reason, and no start time (the epoch), as
             # containerd reports it.
@@ -633,13 +768,21 @@ class _PodWorker:
                 "finishedAt": now(),
                 "containerID": status["containerID"],
             }
-        return {
+        terminated = {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
             "startedAt": started_at,
             "finishedAt": now(),
             "containerID": status["containerID"],
         }
+        instances = self.kubelet.runtime.instances(self.uid, name)
+        log_text = instances[-1].log.text() if instances else ""
+        message = termination.message(
+            container.get("terminationMessagePolicy"), written, code, log_text
+        )
+        if message:
+            terminated["message"] = message
+        return terminated
 
     async def _back_off(
         self, container: dict[str, Any], status: dict[str, Any], began: float, *, init: bool
@@ -689,7 +832,7 @@ class _PodWorker:
                 registration.reports_readiness or bool(container.get("readinessProbe"))
             )
             ready_task: asyncio.Future[None] | None = None
-            if not probe_driven:
+            if not probe_driven and container.get("name", "") not in self.start_errors:
                 if cfg.delay(cfg.ready_delay):
                     ready_task = asyncio.ensure_future(self._become_ready(status))
                 else:
@@ -700,7 +843,7 @@ class _PodWorker:
                 ready_task.cancel()
             status["ready"] = False
             status["started"] = False
-            terminated = self._terminated(code, started_at, status)
+            terminated = self._terminated(code, started_at, status, container)
             restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
             if not restart:
                 status["state"] = {"terminated": terminated}
@@ -742,7 +885,30 @@ class _PodWorker:
             env=env,
             init=init,
             allocation=allocation,
+            runtime_handler=self.runtime_handler,
+            cdi_devices=(
+                cri.cdi_devices(allocation.cdi_devices, allocation.annotations)
+                if allocation is not None
+                else ()
+            ),
         )
+
+    def _file_in_volumes(self, container: dict[str, Any], program: str) -> bool:
+        """Whether `program` is the path of a file one of the container's volumes brings (a
+        host binary through a hostPath mount, for example): such a program is there even
+        where its predicate does not put it."""
+        if not program.startswith("/") or self.volumes is None or not self.volumes.materialize:
+            return False
+        try:
+            env = resolve_env(self.pod, container)
+            return self.volumes.path(container, env, program).is_file()
+        except OSError:
+            return False
+
+    def _present(
+        self, registration: programs.Registration, view: programs.ContainerView, program: str
+    ) -> bool:
+        return registration.present_in(view) or self._file_in_volumes(view.container, program)
 
     def _program_lookup(
         self, container: dict[str, Any], init: bool
@@ -754,7 +920,7 @@ class _PodWorker:
             if registration is None:
                 return None
             view = self.container_view(container, init)
-            if not registration.present_in(view):
+            if not self._present(registration, view, argv[0]):
                 return None
 
             async def run(proc: ExecProcess) -> int | None:
@@ -785,7 +951,7 @@ class _PodWorker:
         if registration is None:
             return None
         view = self.container_view(container, init)
-        if not registration.present_in(view):
+        if not self._present(registration, view, argv[0]):
             message = programs.start_error_message(argv[0])
             self.start_errors[container.get("name", "")] = message
             self.event("Warning", "Failed", f"Error: {message}", self._field_path(container, init))
@@ -809,6 +975,8 @@ class _PodWorker:
             return 1
 
     async def _run_container(self, container: dict[str, Any], init: bool) -> int:
+        if container.get("name", "") in self.start_errors:
+            return programs.START_ERROR_EXIT  # the runtime never started its process
         # Each run is a new instance: its own log (the previous run's is kept), stdin and ports.
         instance = self.kubelet.runtime.start(self.uid, container, "")
         instance.program_lookup = self._program_lookup(container, init)
@@ -877,6 +1045,8 @@ class _PodWorker:
         finally:
             runner_logs.CURRENT.reset(runner_token)
             self.contexts.pop(ctx.container_name, None)
+            if ctx.termination_message is not None:
+                self.termination_messages[ctx.container_name] = ctx.termination_message
 
     def running_containers(self) -> list[tuple[dict[str, Any], bool]]:
         """(container, init) for each container currently running."""
@@ -1024,6 +1194,9 @@ class Kubelet(Controller):
         self._volume_users: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
         # Container instances (logs, stdin, exec handlers, served ports) for the streaming API.
         self.runtime = ContainerRuntime()
+        # The simulated container runtime (kubesim.cri); None: sandboxes and containers are
+        # created without one.
+        self.cri: cri.RuntimeService | None = None
         # Executables containers can run and exec (kubesim.programs); none by default.
         self.programs = programs.ProgramRegistry()
         # Per-node device managers (device plugins, pod resources), started when first needed.

@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from gpu_operator import nvml
@@ -75,11 +76,17 @@ def hostname(o: Options) -> str:
 
 
 def counters_path(o: Options) -> Path | None:
-    """The counters file to read; None means the built-in defaults (upstream's image default
-    path does not exist outside its image)."""
+    """The counters file to read; None means the built-in defaults. The image's own files
+    (/etc/dcgm-exporter/default-counters.csv, and dcp-metrics-included.csv, which the GPU
+    Operator's DaemonSet names) do not exist outside the image: the shipped copies stand in."""
     path = Path(o.collectors)
-    if o.collectors == DEFAULT_COUNTERS_PATH and not path.exists():
+    if path.exists():
+        return path
+    if o.collectors == DEFAULT_COUNTERS_PATH:
         return None
+    name = counters_mod.shipped(o.collectors)
+    if name is not None:
+        return Path(str(resources.files("gpu_operator.agents.dcgm_exporter").joinpath(name)))
     return path
 
 

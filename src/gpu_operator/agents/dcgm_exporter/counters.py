@@ -21,6 +21,11 @@ from gpu_operator.agents.dcgm_exporter import fields
 # dcgm-exporter's accepted types; `label` attaches the value as a label instead of a sample.
 PROM_TYPES = ("gauge", "counter", "histogram", "summary", "label")
 DEFAULT_FILE = "default-counters.csv"
+# The counters files dcgm-exporter's image carries under /etc/dcgm-exporter, shipped here too:
+# the GPU Operator's DaemonSet names the second one (as upstream's does).
+IMAGE_DIR = "/etc/dcgm-exporter"
+OPERATOR_DEFAULT_FILE = "dcp-metrics-included.csv"
+IMAGE_FILES = (DEFAULT_FILE, OPERATOR_DEFAULT_FILE)
 MAX_REPORTED = 5
 
 
@@ -174,3 +179,20 @@ def default_text() -> str:
 
 def default() -> CounterSet:
     return parse(default_text(), DEFAULT_FILE)
+
+
+def shipped_text(name: str) -> str:
+    """One of the image's counters files (IMAGE_FILES), as shipped with the exporter."""
+    if name not in IMAGE_FILES:
+        raise KeyError(f"{name!r} is not a counters file of the exporter image ({IMAGE_FILES})")
+    return (
+        resources.files("gpu_operator.agents.dcgm_exporter")
+        .joinpath(name)
+        .read_text(encoding="utf-8")
+    )
+
+
+def shipped(path: str) -> str | None:
+    """The shipped file an image path names (`/etc/dcgm-exporter/<file>`), else None."""
+    directory, _, name = path.rpartition("/")
+    return name if directory == IMAGE_DIR and name in IMAGE_FILES else None

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpu_operator.agents import cdi
 from gpu_operator.agents import plugin_config as pc
 from gpu_operator.agents.device_plugin.devices import REPLICA_SEPARATOR, Resource, physical_id
 
@@ -25,12 +26,7 @@ CDI_ANNOTATION_OWNER = "nvidia-device-plugin"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 MPS_CONTAINER_ROOT = "/mps"
 # Device nodes every GPU container needs besides its GPUs; passed only where present on the node.
-CONTROL_DEVICE_NODES = (
-    "/dev/nvidiactl",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-    "/dev/nvidia-modeset",
-)
+CONTROL_DEVICE_NODES = cdi.CONTROL_DEVICE_NODES
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 
 

@@ -20,15 +20,6 @@ from gpu_operator.nvml.catalog import Placement
 
 log = logging.getLogger("gpu_operator.agents.mig_manager")
 
-# PCI device ids (device << 16 | vendor) that share a catalogued model's MIG geometry: the
-# device-filter lists of the default config (PCIe, SXM and OEM variants of one GPU).
-_SAME_GEOMETRY = {
-    "A100-SXM4-40GB": (0x20B010DE, 0x20B110DE, 0x20F110DE, 0x20F610DE),
-    "A100-SXM4-80GB": (0x20B210DE, 0x20B510DE, 0x20F310DE, 0x20F510DE),
-    "H100-SXM5-80GB": (0x233010DE, 0x233110DE, 0x232210DE, 0x232410DE),
-    "H200-141GB": (0x233510DE, 0x233B10DE),
-}
-
 
 class ApplyError(RuntimeError):
     """A step of a plan failed on the GPUs; the message names the GPU and the step."""
@@ -38,15 +29,10 @@ class ModeChangeFailed(ApplyError):
     """A MIG mode change did not take effect (the GPU reset failed): a reboot may help."""
 
 
-def model_for(pci_device_id: int) -> catalog.GpuModel | None:
-    """The catalogued model with this PCI id, or one with the same MIG geometry."""
-    found = catalog.by_pci_device_id(pci_device_id)
-    if found is not None:
-        return found
-    for key, ids in _SAME_GEOMETRY.items():
-        if pci_device_id in ids:
-            return catalog.model(key)
-    return None
+def model_for(pci_device_id: int, memory_mib: int | None = None) -> catalog.GpuModel | None:
+    """The catalogued model with this PCI id, or one with the same MIG geometry (its PCIe, NVL
+    and OEM variants); `memory_mib` tells apart boards that drivers size differently."""
+    return catalog.for_pci_device_id(pci_device_id, memory_mib)
 
 
 class Gpus:
@@ -135,7 +121,7 @@ class Gpus:
 def _read_gpu(lib: nvml.Nvml, index: int) -> planner.GpuState:
     device = lib.device_by_index(index)
     pci = device.pci_info()
-    model = model_for(pci.device_id)
+    model = model_for(pci.device_id, device.memory_info().total >> 20)
     if model is None:
         log.warning(
             "GPU %d (%s, PCI id 0x%08X) is not in the GPU catalog: treated as not MIG capable",

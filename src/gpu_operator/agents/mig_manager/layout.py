@@ -79,10 +79,20 @@ class _PendingGi:
     compute: list[ComputeInstance]
 
 
+# No GPU holds more MIG devices than it has compute slices (7); counts far beyond are refused
+# before one instance per device is laid out (a typo of 70000 must not stall the manager).
+_MAX_DEVICES = 64
+
+
 def place(model: catalog.GpuModel, wanted: Mapping[Profile, int]) -> Layout:
     """A layout holding exactly `wanted` on a GPU of `model`; PlacementError says why not."""
     wanted = {p: n for p, n in wanted.items() if n > 0}
     resolved = {p: profiles.resolve(p, model) for p in wanted}
+    total = sum(wanted.values())
+    if total > _MAX_DEVICES:
+        raise PlacementError(
+            f"{total} MIG devices asked for; {model.key} holds at most {model.mig_compute_slices}"
+        )
     pending = _group(resolved, wanted)
     _check_totals(model, pending, wanted)
     ordered = sorted(

@@ -28,6 +28,8 @@ PCI_NAMES: dict[int, str] = {
     0x2330: "GH100 [H100 SXM5 80GB]",
     0x2335: "GH100 [H200 SXM 141GB]",
     0x2901: "GB100 [B200]",
+    0x3182: "GB110 [B300 SXM6 AC]",
+    0x2BB5: "GB202GL [RTX PRO 6000 Blackwell Server Edition]",
     0x1AF1: "GA100 [A100 NVSwitch]",
     0x22A3: "GH100 [H100 NVSwitch]",
     0x22BA: "AD102 High Definition Audio Controller",

@@ -72,6 +72,28 @@ VARIANT_IDS: dict[str, tuple[tuple[int, int], ...]] = {
 BOOT_MODULES = ("igb", "ast", "snd_hda_intel")
 NVIDIA_MODULE = "nvidia"
 VGPU_MODULE = "nvidia_vgpu_vfio"
+# The NVIDIA driver's other modules and the modules each needs first (modprobe loads those; each
+# dependent counts in its dependency's refcnt and `holders`, so rmmod refuses a module in use).
+NVIDIA_DEPENDENCIES: dict[str, tuple[str, ...]] = {
+    "nvidia_uvm": (NVIDIA_MODULE,),
+    "nvidia_modeset": (NVIDIA_MODULE,),
+    "nvidia_drm": ("nvidia_modeset",),
+    "nvidia_peermem": (NVIDIA_MODULE,),
+}
+# The order in which the driver's modules come out (dependents before what they depend on).
+NVIDIA_UNLOAD_ORDER = ("nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem")
+# What `/proc/driver/nvidia/version` holds while the `nvidia` module is loaded; its first line
+# names the version (as NVML and the driver container read it).
+NVIDIA_VERSION_FILE = Path("proc/driver/nvidia/version")
+DEFAULT_DRIVER_VERSION = "570.195.03"
+_BUILD_DATE = "Tue Sep 23 10:08:59 UTC 2025"  # the build stamp after the version (any will do)
+_NVRM_VERSION = re.compile(
+    r"^NVRM version: NVIDIA UNIX .*?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)"
+)
+# UEFI's SecureBoot variable (its last byte is 1 when enabled), as `mokutil --sb-state` reads it.
+SECURE_BOOT_VARIABLE = Path(
+    "sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+)
 MDEV_DRIVER = "vfio_mdev"
 CREATABLE_HEADER = "ID    : vGPU Name"
 VF_OFFSET = 4  # the first VF's function number: PF 0000:07:00.0 -> VFs 0000:07:00.4, ...
@@ -94,6 +116,25 @@ def modules_alias() -> str:
             lines.append(f"alias vfio_pci:v{vendor:08X}d{device:08X}sv*sd*bc*sc*i* {module}")
     lines.append("alias pci:v*d*sv*sd*bc04sc03i00* snd_hda_intel")
     return "\n".join(lines) + "\n"
+
+
+def nvidia_version_text(version: str) -> str:
+    """`/proc/driver/nvidia/version` of a loaded driver."""
+    return (
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  {_BUILD_DATE}\n"
+        "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n"
+    )
+
+
+def nvidia_version(root: Path) -> str | None:
+    """The NVIDIA driver version a host's `/proc/driver/nvidia/version` names (None: no driver
+    loaded, or a file that names none)."""
+    try:
+        first = (root / NVIDIA_VERSION_FILE).read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    found = _NVRM_VERSION.match(first)
+    return found.group(1) if found else None
 
 
 def modules_dep() -> str:
@@ -278,15 +319,37 @@ class SimulatedKernel:
         *,
         driver: str | None = None,
         functions: list[sysfs.Function] | None = None,
+        signed: bool = True,
+        version: str | None = None,
     ) -> None:
         """Load a module: `/sys/module/<name>`, its PCI driver (which then probes the devices it
         matches: `functions`, when the caller has just read them, else a fresh scan) and a
-        `/proc/modules` line. Loading a loaded module changes nothing."""
+        `/proc/modules` line. Loading a loaded module changes nothing.
+
+        Modules the driver's other modules need are loaded first (as modprobe does). On a host
+        with Secure Boot an unsigned module is refused with EKEYREJECTED; `version` is the
+        `nvidia` module's (its `/proc/driver/nvidia/version`)."""
         name = module.replace("-", "_")
         if self.loaded(name):
             return
+        if not signed and self.secure_boot():
+            # The kernel's module signature check under Secure Boot (lockdown=integrity).
+            raise KernelError(
+                errno.EKEYREJECTED,
+                f"modprobe: ERROR: could not insert '{name}': Key was rejected by service",
+            )
+        needs = NVIDIA_DEPENDENCIES.get(name, ())
+        for dependency in needs:
+            self.load(dependency, signed=signed, version=version)
         _write(self._root / "sys" / "module" / name / "refcnt", "0\n")
+        for dependency in needs:
+            _write(self._root / "sys" / "module" / dependency / "holders" / name, "")
+            self._count(dependency, +1)
         self._proc_modules(add=name)
+        if name == NVIDIA_MODULE:
+            loaded = version or DEFAULT_DRIVER_VERSION
+            _write(self._root / "sys" / "module" / name / "version", loaded + "\n")
+            _write(self._root / NVIDIA_VERSION_FILE, nvidia_version_text(loaded))
         known = MODULES.get(name)
         pci_driver = driver or (known.driver if known else None)
         if name == NVIDIA_MODULE:
@@ -315,6 +378,13 @@ class SimulatedKernel:
             raise KernelError(errno.ENOENT, f"rmmod: ERROR: Module {name} is not currently loaded")
         if name in (NVIDIA_MODULE, VGPU_MODULE) and self._vgpus_exist():
             raise KernelError(errno.EBUSY, f"rmmod: ERROR: Module {name} is in use")
+        holders = self.holders(name)
+        if holders:
+            raise KernelError(
+                errno.EBUSY, f"rmmod: ERROR: Module {name} is in use by: {' '.join(holders)}"
+            )
+        if self.refcount(name):
+            raise KernelError(errno.EBUSY, f"rmmod: ERROR: Module {name} is in use")
         if name == NVIDIA_MODULE and self.loaded(VGPU_MODULE):
             self.unload(VGPU_MODULE)
         if name == VGPU_MODULE:
@@ -329,18 +399,75 @@ class SimulatedKernel:
                     self.detach(function.address)
             _remove_tree(self._driver_dir(pci_driver))
         _remove_tree(self._root / "sys" / "module" / name)
+        for dependency in NVIDIA_DEPENDENCIES.get(name, ()):
+            _unlink(self._root / "sys" / "module" / dependency / "holders" / name)
+            self._count(dependency, -1)
+        if name == NVIDIA_MODULE:
+            _unlink(self._root / NVIDIA_VERSION_FILE)
         self._proc_modules(remove=name)
 
+    def refcount(self, module: str) -> int:
+        """`/sys/module/<name>/refcnt` less the modules that depend on it: its other users."""
+        name = module.replace("-", "_")
+        try:
+            count = int((self._root / "sys" / "module" / name / "refcnt").read_text())
+        except (OSError, ValueError):
+            return 0
+        return max(count - len(self.holders(name)), 0)
+
+    def holders(self, module: str) -> list[str]:
+        """The loaded modules that use this one (`/sys/module/<name>/holders`)."""
+        try:
+            return sorted(os.listdir(self._root / "sys" / "module" / module / "holders"))
+        except OSError:
+            return []
+
+    def hold(self, module: str) -> None:
+        """A user opens the module's devices (a daemon such as nvidia-persistenced, a process)."""
+        self._count(module.replace("-", "_"), +1)
+
+    def release(self, module: str) -> None:
+        """A user of the module goes away (see `hold`)."""
+        self._count(module.replace("-", "_"), -1)
+
+    def _count(self, name: str, delta: int) -> None:
+        path = self._root / "sys" / "module" / name / "refcnt"
+        try:
+            count = int(path.read_text())
+        except (OSError, ValueError):
+            return  # not loaded
+        _write(path, f"{max(count + delta, 0)}\n")
+        self._proc_modules()
+
+    def secure_boot(self) -> bool:
+        """Whether the host booted with UEFI Secure Boot (the SecureBoot variable's data is 1)."""
+        try:
+            data = (self._root / SECURE_BOOT_VARIABLE).read_bytes()
+        except OSError:
+            return False
+        return data[-1:] == b"\x01"
+
     def _proc_modules(self, *, add: str | None = None, remove: str | None = None) -> None:
+        """Rewrite `/proc/modules`: name, size, use count, users ("-" for none), state."""
         path = self._root / "proc" / "modules"
         try:
             lines = path.read_text().splitlines()
         except OSError:
             lines = []
-        lines = [line for line in lines if line.split(" ", 1)[0] not in (add, remove)]
+        names = [line.split(" ", 1)[0] for line in lines]
+        names = [n for n in names if n not in (add, remove)]
         if add:
-            lines.append(f"{add} 16384 0 - Live 0x0000000000000000")
-        _write(path, "".join(line + "\n" for line in lines))
+            names.append(add)
+        out = []
+        for name in names:
+            users = self.holders(name)
+            try:
+                count = int((self._root / "sys" / "module" / name / "refcnt").read_text())
+            except (OSError, ValueError):
+                count = 0
+            used_by = "".join(f"{u}," for u in users) or "-"
+            out.append(f"{name} 16384 {count} {used_by} Live 0x0000000000000000")
+        _write(path, "".join(line + "\n" for line in out))
 
     # -- binding ---------------------------------------------------------------------------
 
@@ -729,12 +856,20 @@ class SimulatedKernel:
 
     # -- the NVIDIA driver, as the driver containers load it ------------------------------
 
-    def load_nvidia(self, *, vgpu: bool = False, enable_vfs: bool = False) -> None:
-        """Load the NVIDIA driver (with `vgpu`, the vGPU host driver; `enable_vfs` then enables
-        every SR-IOV GPU's VFs, as the vGPU manager's `sriov-manage -e ALL` does)."""
-        self.load(NVIDIA_MODULE)
+    def load_nvidia(
+        self,
+        *,
+        version: str = DEFAULT_DRIVER_VERSION,
+        vgpu: bool = False,
+        enable_vfs: bool = False,
+        signed: bool = True,
+    ) -> None:
+        """Load the NVIDIA driver `version` (with `vgpu`, the vGPU host driver; `enable_vfs`
+        then enables every SR-IOV GPU's VFs, as the vGPU manager's `sriov-manage -e ALL` does).
+        `/proc/driver/nvidia/version` names the version while the module is loaded."""
+        self.load(NVIDIA_MODULE, signed=signed, version=version)
         if vgpu:
-            self.load(VGPU_MODULE)
+            self.load(VGPU_MODULE, signed=signed)
         if vgpu and enable_vfs:
             for function in sysfs.nvidia_gpus(sysfs.scan(self._root)):
                 if (
@@ -745,9 +880,17 @@ class SimulatedKernel:
                     self.enable_vfs(function.address, function.sriov_total_vfs)
 
     def unload_nvidia(self) -> None:
-        """Unload the NVIDIA driver (KernelError EBUSY while vGPUs exist)."""
+        """Unload the NVIDIA driver, its other modules first (KernelError EBUSY while vGPUs
+        exist or something holds a module)."""
+        for name in NVIDIA_UNLOAD_ORDER:
+            if self.loaded(name):
+                self.unload(name)
         if self.loaded(NVIDIA_MODULE):
             self.unload(NVIDIA_MODULE)
+
+    def nvidia_version(self) -> str | None:
+        """The loaded NVIDIA driver's version, or None when the driver is not loaded."""
+        return nvidia_version(self._root)
 
     def vfio_addresses(self) -> list[str]:
         """The devices on a vfio driver."""

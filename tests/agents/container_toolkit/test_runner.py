@@ -1,0 +1,203 @@
+"""The agent's life on a temp node root: install, CDI spec, configure and restart, drift
+re-applied with an Event, restore on stop (and on cancellation), failures said plainly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_operator import nvml
+from gpu_operator.agents.container_toolkit import runner, settings
+from gpu_operator.nvml import mock
+
+SAMPLES = Path(__file__).parent / "samples"
+ENV = {
+    "RUNTIME": "containerd",
+    "ROOT": "/usr/local/nvidia",
+    "CDI_ENABLED": "true",
+    "NVIDIA_RUNTIME_SET_AS_DEFAULT": "false",
+    "NVIDIA_CONTAINER_RUNTIME_MODE": "cdi",
+    "NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND": "management.nvidia.com/gpu",
+    "RUNTIME_CONFIG": "/runtime/config-dir/config.toml",
+    "RUNTIME_DROP_IN_CONFIG": "/runtime/config-dir.d/99-nvidia.toml",
+    "RUNTIME_DROP_IN_CONFIG_HOST_PATH": "/etc/containerd/conf.d/99-nvidia.toml",
+    "RUNTIME_SOCKET": "/runtime/sock-dir/containerd.sock",
+    "DRIVER_ROOT_CTR_PATH": "/driver-root",
+    "RUNTIME_CONFIG_DRIFT_INTERVAL": "0.05",
+}
+# The toolkit pod's mounts: container path -> node path.
+MOUNTS = {
+    "/runtime/config-dir.d": "/etc/containerd/conf.d",
+    "/runtime/config-dir": "/etc/containerd",
+    "/runtime/sock-dir": "/run/containerd",
+    "/driver-root": "/run/nvidia/driver",
+}
+
+
+class FakeRestarter:
+    """Counts restarts (stands for the C2 runtime's `signal(SIGHUP)`)."""
+
+    description = "SIGHUP to containerd (fake)"
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def restart(self) -> None:
+        self.count += 1
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    async def event(self, type_: str, reason: str, message: str) -> None:
+        self.seen.append((type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self.seen]
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class Node:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.config = root / "etc/containerd/config.toml"
+        self.drop_in = root / "etc/containerd/conf.d/99-nvidia.toml"
+        self.spec = root / "var/run/cdi/management.nvidia.com-gpu.yaml"
+        self.config.parent.mkdir(parents=True)
+        self.original = (SAMPLES / "containerd-v3.toml").read_bytes()
+        self.config.write_bytes(self.original)
+        self.restarter = FakeRestarter()
+        self.events = Events()
+        self.settings = settings.from_env({**ENV, **(env or {})})
+        self.ready = asyncio.Event()
+
+    def view(self, path: str) -> Path:
+        for ctr, host in MOUNTS.items():
+            if path == ctr or path.startswith(ctr + "/"):
+                return self.root / (host + path[len(ctr) :]).lstrip("/")
+        return self.root / path.lstrip("/")
+
+    def agent(self, open_nvml: Callable[[], nvml.Nvml] | None = None) -> runner.Agent:
+        machine = mock.MockMachine.from_preset("t4x4", seed=1)
+        return runner.Agent(
+            self.settings,
+            restarter=self.restarter,
+            view=self.view,
+            open_nvml=open_nvml or machine.nvml,
+            events=self.events,
+            stand_ins=True,
+        )
+
+
+async def test_the_agent_configures_watches_and_restores_the_node(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
+    await asyncio.wait_for(node.ready.wait(), 5)
+    assert b'"/etc/containerd/conf.d/*.toml"' in node.config.read_bytes()
+    assert b"nvidia-container-runtime.cdi" in node.drop_in.read_bytes()
+    assert (tmp_path / "usr/local/nvidia/toolkit/nvidia-container-runtime").is_file()
+    assert [d["name"] for d in yaml.safe_load(node.spec.read_text())["devices"]][-1] == "all"
+    assert node.restarter.count == 1
+    assert node.events.reasons() == ["RuntimeConfigured"]
+
+    node.drop_in.unlink()  # behind our back
+    await until(lambda: "RuntimeConfigDrift" in node.events.reasons(), "the drift event")
+    assert node.drop_in.is_file()
+    drift = next(m for _, r, m in node.events.seen if r == "RuntimeConfigDrift")
+    assert drift.startswith("/etc/containerd/conf.d/99-nvidia.toml: ")
+    assert "added runtime handler nvidia-cdi" in drift
+    assert node.restarter.count == 2
+
+    stop.set()
+    assert await asyncio.wait_for(task, 5) == runner.EXIT_OK
+    assert node.config.read_bytes() == node.original
+    assert not node.drop_in.exists()
+    assert not node.spec.exists()
+    assert node.events.reasons()[-1] == "RuntimeConfigRestored"
+    assert node.restarter.count == 3
+    assert not (tmp_path / "run/nvidia/toolkit/toolkit.pid").exists()
+
+
+async def test_a_cancelled_agent_still_restores_the_config(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    task = asyncio.create_task(node.agent().run(asyncio.Event(), on_ready=node.ready.set))
+    await asyncio.wait_for(node.ready.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert node.config.read_bytes() == node.original
+    assert not node.drop_in.exists()
+
+
+async def test_without_a_driver_the_agent_is_not_ready_until_the_cdi_spec_can_be_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = Node(tmp_path)
+    loaded = False
+    machine = mock.MockMachine.from_preset("t4x4", seed=1)
+
+    def open_nvml() -> nvml.Nvml:
+        if not loaded:
+            raise nvml.DriverNotLoaded("Driver Not Loaded")
+        return machine.nvml()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.agent(open_nvml).run(stop, on_ready=node.ready.set))
+    await until(lambda: "Driver Not Loaded" in caplog.text, "the CDI error in the log")
+    assert "cannot generate the management CDI spec: failed to initialize NVML" in caplog.text
+    assert not node.ready.is_set()
+    assert node.drop_in.is_file()  # the runtime is configured meanwhile
+    loaded = True
+    await asyncio.wait_for(node.ready.wait(), 5)
+    assert node.spec.is_file()
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_second_instance_on_the_node_exits_with_the_lock_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = Node(tmp_path)
+    stop = asyncio.Event()
+    first = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
+    await asyncio.wait_for(node.ready.wait(), 5)
+    assert await node.agent().run(asyncio.Event()) == runner.EXIT_FAILED
+    assert "another instance of the toolkit container is already running" in caplog.text
+    stop.set()
+    await asyncio.wait_for(first, 5)
+
+
+async def test_an_unreadable_config_fails_with_an_event_naming_the_file(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.config.write_text("version = 3\n[plugins\n")
+    assert await node.agent().run(asyncio.Event()) == runner.EXIT_FAILED
+    (type_, reason, message) = node.events.seen[-1]
+    assert (type_, reason) == ("Warning", "RuntimeConfigFailed")
+    assert message.startswith("containerd: /etc/containerd/config.toml: not valid TOML")
+    assert node.config.read_text() == "version = 3\n[plugins\n"
+
+
+async def test_nri_mode_leaves_the_runtime_config_alone(tmp_path: Path) -> None:
+    node = Node(tmp_path, {"ENABLE_NRI_PLUGIN": "true"})
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
+    await asyncio.wait_for(node.ready.wait(), 5)
+    assert node.config.read_bytes() == node.original
+    assert not node.drop_in.exists()
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert node.restarter.count == 0

@@ -1,0 +1,81 @@
+"""`gpu-operator validate` on mig-parted configs: the operator's default ConfigMap passes, a
+filtered entry the named GPU cannot hold fails naming config, GPU and profile, and configs no
+catalogued GPU can apply only warn (they may be for GPUs we do not know)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from gpu_operator.agents.mig_manager import check
+from gpu_operator.cli import app
+from gpu_operator.operands import mig_manager
+
+runner = CliRunner()
+
+B300_ON_H100 = """
+version: v1
+mig-configs:
+  b300-balanced:
+    - device-filter: ["0x318210DE", "0x233010DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.34gb": 2, "2g.67gb": 1, "3g.135gb": 1}
+"""
+
+
+def validate(tmp_path: Path, text: str) -> tuple[int, str, str]:
+    path = tmp_path / "mig.yaml"
+    path.write_text(text)
+    result = runner.invoke(app, ["validate", "-f", str(path)])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_the_default_config_map_is_valid(tmp_path: Path) -> None:
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "default-mig-parted-config"},
+        "data": {"config.yaml": mig_manager.default_mig_config_yaml()},
+    }
+    code, out, err = validate(tmp_path, yaml.safe_dump(config_map))
+    assert (code, out) == (0, "")
+    assert "ConfigMap/default-mig-parted-config: data.config.yaml: valid MIG config" in err
+    assert "warning" not in err
+
+
+def test_an_entry_the_filtered_gpu_cannot_hold_is_an_error(tmp_path: Path) -> None:
+    code, out, _ = validate(tmp_path, B300_ON_H100)
+    assert code == 1
+    (line,) = out.splitlines()
+    assert line.startswith(
+        f"{tmp_path / 'mig.yaml'}: mig-configs.b300-balanced[0]: GPU 0 (H100-SXM5-80GB): "
+        "H100-SXM5-80GB has no MIG profile '1g.34gb'"
+    )
+    assert line.endswith("(device-filter 0x233010DE)")
+
+
+def test_a_config_no_catalogued_gpu_can_apply_is_a_warning(tmp_path: Path) -> None:
+    text = "version: v1\nmig-configs:\n  odd:\n    - {devices: all, mig-enabled: true, "
+    text += 'mig-devices: {"1g.99gb": 1}}\n'
+    code, out, err = validate(tmp_path, text)
+    assert (code, out) == (0, "")
+    assert "warning: " in err
+    assert "mig-configs.odd: no GPU in the catalog can apply it" in err
+
+
+def test_format_errors_and_absurd_counts_are_reported_not_hung_on(tmp_path: Path) -> None:
+    code, out, _ = validate(tmp_path, "version: v2\nmig-configs: {}\n")
+    assert code == 1
+    assert "version: unknown version 'v2'" in out
+    huge = B300_ON_H100.replace('"1g.34gb": 2', '"1g.34gb": 70000000')
+    report = check.check(yaml.safe_load(huge), "huge")
+    assert any("70000002 MIG devices asked for; B300 holds at most 7" in e for e in report.errors)
+
+
+def test_config_maps_without_mig_configs_are_left_to_the_other_checks() -> None:
+    assert check.config_map_entries({"kind": "ConfigMap", "data": {"a": "b"}}) == []
+    assert check.config_map_entries({"kind": "Secret", "data": {"a": "mig-configs: {}"}}) == []
+    assert not check.is_mig_parted({"kind": "ConfigMap", "mig-configs": {}})
