@@ -2,15 +2,21 @@
 # The gpu-operator image: one image runs the controller (`gpu-operator controller`), the CRD
 # hooks (`gpu-operator crds --apply`) and every node agent (`gpu-operator agent ...`).
 
-ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
+# Pinned by digest (the multi-arch index of the 3.12.8-slim-bookworm tag): a re-pushed tag cannot
+# change what we build on. Update tag and digest together.
+ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm@sha256:2199a62885a12290dc9c5be3ca0681d367576ab7bf037da120e564723292a2f0
 
 # ---- build: a wheel of the project and of every dependency -------------------------------------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY src ./src
-RUN python -m pip wheel --wheel-dir /wheels .
+# Dependencies come only from requirements.lock, each checked against its hashes
+# (pip-compile --generate-hashes, see docs/security.md); the project wheel adds none of its own.
+RUN python -m pip wheel --require-hashes --wheel-dir /wheels -r requirements.lock \
+    && python -m pip wheel --no-deps --wheel-dir /wheels . \
+    && cp requirements.lock /wheels/
 
 # ---- runtime: the wheels installed into a virtual environment, run as a non-root user ----------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -19,7 +25,9 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/gpu-operator/bin:$PATH
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv /opt/gpu-operator \
-    && /opt/gpu-operator/bin/pip install --no-index --find-links=/wheels gpu-operator-py \
+    && /opt/gpu-operator/bin/pip install --no-index --find-links=/wheels --require-hashes \
+        -r /wheels/requirements.lock \
+    && /opt/gpu-operator/bin/pip install --no-index --no-deps --find-links=/wheels gpu-operator-py \
     && /opt/gpu-operator/bin/python -m compileall -q /opt/gpu-operator/lib \
     && groupadd --gid 65532 nonroot \
     && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin nonroot

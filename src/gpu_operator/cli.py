@@ -12,7 +12,7 @@ import yaml
 from rich.console import Console
 
 import gpu_operator
-from gpu_operator import upgrade_cli
+from gpu_operator import adopt_cli, explain_cli, images_cli, upgrade_cli
 from gpu_operator.agents import cli as agents_cli
 from gpu_operator.api import crds as crd_gen
 from gpu_operator.api import manifests, validation
@@ -26,6 +26,10 @@ app = typer.Typer(
 )
 app.add_typer(agents_cli.app)
 app.add_typer(upgrade_cli.app)
+app.add_typer(explain_cli.app)
+app.command("must-gather")(explain_cli.must_gather_command)
+app.command("images")(images_cli.images_command)
+app.command("adopt")(adopt_cli.adopt_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -169,18 +173,51 @@ def validate(
     files: list[str] = typer.Option(
         ..., "-f", "--filename", help="Manifest file (YAML or JSON, several documents); - is stdin."
     ),
+    kubeconfig: str | None = typer.Option(
+        None,
+        "--kubeconfig",
+        help="Also read the MIG and device-plugin ConfigMaps a ClusterPolicy names from this "
+        "cluster (those given with -f win).",
+    ),
+    namespace: str | None = typer.Option(
+        None,
+        "-n",
+        "--namespace",
+        envvar="OPERATOR_NAMESPACE",
+        help="The operator's namespace, where --kubeconfig looks for the ConfigMaps.",
+    ),
 ) -> None:
-    """Check ClusterPolicy and NVIDIADriver manifests and mig-parted configs (a ConfigMap or a
-    bare file): exit 0 valid, 1 invalid, 2 unreadable."""
-    failed = checked_any = False
+    """Check ClusterPolicy and NVIDIADriver manifests, mig-parted configs (a ConfigMap or a
+    bare file) and the ConfigMaps a policy names: exit 0 valid, 1 invalid, 2 unreadable."""
+    from gpu_operator import validate_refs
+
+    if kubeconfig and not namespace:
+        err.print("error: --kubeconfig needs --namespace (the operator's namespace)")
+        raise typer.Exit(2)
+    loaded: list[tuple[str, list[manifests.Document]]] = []
     for source in files:
         try:
             documents = manifests.read_documents(source)
         except manifests.ManifestError as exc:
             err.print(f"error: {exc}", markup=False)
             raise typer.Exit(2) from None
-        label = "<stdin>" if source == "-" else source
+        loaded.append(("<stdin>" if source == "-" else source, documents))
+    objects = [(label, document.obj) for label, documents in loaded for document in documents]
+    # A ConfigMap a policy names is checked as what that policy makes of it (below), not alone.
+    given = {name: obj for _, obj in objects if (name := _config_map_name(obj))}
+    referenced = {
+        ref.name
+        for _, obj in objects
+        if obj.get("kind") == "ClusterPolicy"
+        for ref in validate_refs.references(obj)
+    }
+    if kubeconfig and namespace and referenced - set(given):
+        given = {**_read_config_maps(kubeconfig, namespace, referenced - set(given)), **given}
+    failed = checked_any = False
+    for label, documents in loaded:
         for document in documents:
+            if _config_map_name(document.obj) in referenced:
+                continue
             mig_ok = _check_mig_config(document.obj, label)
             if mig_ok is not None:
                 checked_any = True
@@ -193,18 +230,46 @@ def validate(
             if result.skipped:
                 err.print(f"{label}: {result.ref}: skipped (not a GPU operator kind)", markup=False)
                 continue
+            refs = validate_refs.check(
+                document.obj, given, complete=kubeconfig is not None, namespace=namespace
+            )
             for warning in result.warnings:
                 err.print(f"{label}: {result.ref}: warning: {warning}", markup=False)
-            for problem in result.errors:
+            for text in refs.warnings:
+                err.print(f"{label}: {result.ref}: warning: {text}", markup=False)
+            for problem in [*map(str, result.errors), *refs.errors]:
                 typer.echo(f"{label}: {result.ref}: {problem}")
             checked_any = True
-            failed |= not result.ok
-            if result.ok:
+            ok = result.ok and not refs.errors
+            failed |= not ok
+            if ok:
                 err.print(f"{label}: {result.ref}: valid", markup=False)
     if not checked_any:
         err.print("error: no ClusterPolicy or NVIDIADriver found in the input", markup=False)
         raise typer.Exit(2)
     raise typer.Exit(1 if failed else 0)
+
+
+def _config_map_name(obj: Any) -> str | None:
+    if not isinstance(obj, dict) or obj.get("kind") != "ConfigMap":
+        return None
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _read_config_maps(kubeconfig: str, namespace: str, names: set[str]) -> dict[str, Any]:
+    """The named ConfigMaps from the cluster; exit 2 when it cannot be read."""
+    from gpu_operator.kube import client as kube_client
+    from gpu_operator.kube import config_maps
+
+    try:
+        return config_maps.read(kubeconfig, namespace, names)
+    except kube_client.ConnectError as exc:
+        err.print(f"error: {exc}", markup=False)
+    except Exception as exc:  # an API refusal (RBAC, connection): one line, exit 2
+        err.print(f"error: reading ConfigMaps in {namespace}: {exc}", markup=False)
+    raise typer.Exit(2)
 
 
 def _check_mig_config(obj: dict[str, Any], label: str) -> bool | None:
@@ -266,7 +331,10 @@ def controller(
     ),
     metrics_bind_address: str = typer.Option(":8080", help="Where /metrics is served."),
     health_probe_bind_address: str = typer.Option(
-        ":8081", help="Where /healthz and /readyz are served."
+        ":8081",
+        envvar="HEALTH_PROBE_BIND_ADDRESS",
+        help="Where /healthz and /readyz are served; [$(POD_IP)]:8081 keeps them off other "
+        "interfaces (the kubelet probes the pod IP).",
     ),
     log_level: LogLevel = typer.Option(LogLevel.info, help="Log level."),
     log_format: LogFormat = typer.Option(LogFormat.text, help="text, or json for log pipelines."),

@@ -80,6 +80,15 @@ class Faults:
         self._store.close_watches()
         self._store.compact()
 
+    def snapshot(self) -> object:
+        """Remember the stored state (an etcd backup) for `restore_snapshot`."""
+        return self._store.snapshot()
+
+    def restore_snapshot(self, snapshot: object) -> None:
+        """Restore a snapshot, as after an etcd restore or an API server that lost its state:
+        later objects are gone and resourceVersions go backwards; clients must notice."""
+        self._store.restore(snapshot)  # type: ignore[arg-type]
+
     def lose_node(self, name: str) -> None:
         """The node stops heartbeating: NotReady, unreachable taint, its pods stop being run."""
         if self._node_loss is None:

@@ -394,6 +394,26 @@ class Store:
         self._history.clear()
         self.compacted_rv = self._rv
 
+    def snapshot(self) -> tuple[int, dict[Key, dict[ObjKey, Stored]], dict[str, set[Any]]]:
+        """The stored state as of now, for `restore` (stored versions are immutable: cheap)."""
+        data = {key: dict(bucket) for key, bucket in self._data.items()}
+        dependents = {uid: set(holders) for uid, holders in self._dependents.items()}
+        return self._rv, data, dependents
+
+    def restore(
+        self, snapshot: tuple[int, dict[Key, dict[ObjKey, Stored]], dict[str, set[Any]]]
+    ) -> None:
+        """Go back to a snapshot as an etcd restore does: objects and the resourceVersion move
+        backwards, every watch ends and history is gone. In-process listeners are not told."""
+        rv, data, dependents = snapshot
+        self.close_watches()
+        self._data = {key: dict(bucket) for key, bucket in data.items()}
+        self._sorted.clear()
+        self._dependents = {uid: set(holders) for uid, holders in dependents.items()}
+        self._rv = rv
+        self._history.clear()
+        self.compacted_rv = rv
+
     def watcher_count(self) -> int:
         """How many watches are open."""
         return sum(len(w) for w in self._watchers.values())

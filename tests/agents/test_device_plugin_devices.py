@@ -9,7 +9,7 @@ import pytest
 from gpu_operator.agents import plugin_config as pc
 from gpu_operator.agents.device_plugin import devices, facts
 from gpu_operator.agents.device_plugin.facts import GpuFacts, MigFacts, NodeFacts
-from gpu_operator.nvml import mock
+from gpu_operator.nvml import machines, mock
 
 NOWHERE = Path("/nonexistent-root")
 
@@ -286,3 +286,37 @@ def test_direct_nvlinks_count_only_links_to_the_other_gpu() -> None:
     assert facts.count_nvlinks(peers, [], "0000:30:00.0", buses) == 1
     switched = ["0000:c0:00.0", "0000:c0:00.0", "0000:c1:00.0"]
     assert facts.count_nvlinks(switched, ["0000:c0:00.0"], "0000:20:00.0", buses) == 1
+
+
+def _rtx_pro_node(*layout: str) -> NodeFacts:
+    spec = machines.from_dict(
+        {
+            "name": "rtx-pro",
+            "gpus": [{"model": "RTX-PRO-6000", "migEnabled": True, "migDevices": list(layout)}],
+        }
+    )
+    lib = mock.MockMachine(spec).nvml()
+    lib.init()
+    return facts.collect(lib, driver_root=NOWHERE, sys_root=NOWHERE)
+
+
+def test_mixed_names_gfx_no_me_and_all_me_profiles_with_their_suffix_as_upstream() -> None:
+    node = _rtx_pro_node("1g.24gb+gfx", "1g.24gb-me", "2g.48gb+me.all")
+    assert sorted(m.profile for m in node.gpus[0].migs) == [
+        "1g.24gb+gfx",
+        "1g.24gb-me",
+        "2g.48gb+me.all",
+    ]
+    resources = devices.build_resources(node, config(migStrategy="mixed"))
+    # Upstream's mixed rules replace `+` with `.` (a resource name is a DNS subdomain).
+    assert names(resources) == {
+        "nvidia.com/mig-1g.24gb.gfx": 1,
+        "nvidia.com/mig-1g.24gb-me": 1,
+        "nvidia.com/mig-2g.48gb.me.all": 1,
+    }
+
+
+def test_a_plain_profile_and_its_gfx_twin_are_different_resources() -> None:
+    node = _rtx_pro_node("2g.48gb", "2g.48gb+gfx")
+    resources = devices.build_resources(node, config(migStrategy="mixed"))
+    assert names(resources) == {"nvidia.com/mig-2g.48gb": 1, "nvidia.com/mig-2g.48gb.gfx": 1}

@@ -11,7 +11,7 @@ from gpu_operator.agents import plugin_config as pc
 from gpu_operator.agents.gfd import facts as gfd_facts
 from gpu_operator.agents.gfd import labels as gfd_labels
 from gpu_operator.agents.gfd.facts import GpuFacts, NodeFacts, VgpuFacts
-from gpu_operator.nvml import catalog, mock
+from gpu_operator.nvml import catalog, machines, mock
 
 TS = gfd_labels.LabelOptions(timestamp=1724632719)
 
@@ -372,3 +372,28 @@ def test_facts_from_mock_read_mig_devices_and_fabric(tmp_path: object) -> None:
         "1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb",
     ]  # fmt: skip
     assert facts.gpus[0].fabric is None
+
+
+def test_gfx_no_me_and_all_me_profiles_keep_their_suffix_in_mixed_labels() -> None:
+    spec = machines.from_dict(
+        {
+            "name": "rtx-pro",
+            "gpus": [
+                {
+                    "model": "RTX-PRO-6000",
+                    "migEnabled": True,
+                    "migDevices": ["1g.24gb+gfx", "1g.24gb-me", "2g.48gb+me.all"],
+                }
+            ],
+        }
+    )
+    lib = mock.MockMachine(spec).nvml()
+    lib.init()
+    got = labels(gfd_facts.collect(lib, machine_type="x"), config("mixed"))
+    counts = {k: v for k, v in got.items() if k.startswith("nvidia.com/mig-") and ".count" in k}
+    assert counts == {
+        "nvidia.com/mig-1g.24gb.gfx.count": "1",
+        "nvidia.com/mig-1g.24gb-me.count": "1",
+        "nvidia.com/mig-2g.48gb.me.all.count": "1",
+    }
+    assert got["nvidia.com/mig-1g.24gb.gfx.product"].endswith("-MIG-1g.24gb.gfx")

@@ -1,6 +1,7 @@
 """`gpu-operator validate` on mig-parted configs: the operator's default ConfigMap passes, a
-filtered entry the named GPU cannot hold fails naming config, GPU and profile, and configs no
-catalogued GPU can apply only warn (they may be for GPUs we do not know)."""
+filtered entry the named GPU cannot hold fails naming config, GPU and profile, a profile no GPU
+offers fails, and configs no catalogued GPU can apply only warn (they may be for GPUs we do not
+know)."""
 
 from __future__ import annotations
 
@@ -58,12 +59,24 @@ def test_an_entry_the_filtered_gpu_cannot_hold_is_an_error(tmp_path: Path) -> No
 
 
 def test_a_config_no_catalogued_gpu_can_apply_is_a_warning(tmp_path: Path) -> None:
+    # Known profiles in a combination no catalogued GPU holds: maybe a GPU we do not know.
     text = "version: v1\nmig-configs:\n  odd:\n    - {devices: all, mig-enabled: true, "
-    text += 'mig-devices: {"1g.99gb": 1}}\n'
+    text += 'mig-devices: {"7g.80gb": 2}}\n'
     code, out, err = validate(tmp_path, text)
     assert (code, out) == (0, "")
     assert "warning: " in err
     assert "mig-configs.odd: no GPU in the catalog can apply it" in err
+
+
+def test_a_profile_no_catalogued_gpu_offers_is_an_error(tmp_path: Path) -> None:
+    text = "version: v1\nmig-configs:\n  odd:\n    - {devices: all, mig-enabled: true, "
+    text += 'mig-devices: {"1g.99gb": 1, "1g.10gb": 1}}\n'
+    code, out, _ = validate(tmp_path, text)
+    assert code == 1
+    assert out.splitlines() == [
+        f"{tmp_path / 'mig.yaml'}: mig-configs.odd[0].mig-devices.1g.99gb: unknown MIG profile "
+        "'1g.99gb': no GPU in the catalog offers it"
+    ]
 
 
 def test_format_errors_and_absurd_counts_are_reported_not_hung_on(tmp_path: Path) -> None:

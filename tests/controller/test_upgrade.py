@@ -13,6 +13,7 @@ from typing import Any
 from kubesim_helpers import kubectl, needs_kubectl
 from operator_harness import NAMESPACE, Env, gpu_node, policy
 
+from gpu_operator.api import keys
 from gpu_operator.nodes import ledger
 from gpu_operator.upgrade import states
 from kubesim import PodContext
@@ -127,13 +128,6 @@ async def install(env: Env) -> None:
     """Twelve GPU nodes with a GPU each, one GPU workload per node, the policy installed."""
     for name in GPU_NODES[2:]:
         gpu_node(env.sim, name)
-    for name in GPU_NODES:
-        env.sim.store.patch(
-            "nodes",
-            name,
-            {"status": {"capacity": {GPU: "2"}, "allocatable": {GPU: "2"}}},
-            status=True,
-        )
     env.sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
     for name in GPU_NODES:
         gpu_workload(env, f"train-{name}", name, "train")
@@ -141,6 +135,22 @@ async def install(env: Env) -> None:
     body["spec"]["driver"]["upgradePolicy"] = UPGRADE_POLICY
     env.sim.store.create(body)
     env.start_operator()
+    # The GPUs appear once the operator's device plugin is deployed (capacity before that would
+    # be another device plugin's: the coexistence detector would keep ours off the node).
+    plugin_label = keys.DEPLOY_PREFIX + "device-plugin"
+    await env.wait(
+        lambda: all(
+            node(env, n)["metadata"]["labels"].get(plugin_label) == "true" for n in GPU_NODES
+        ),
+        "device plugins deployed",
+    )
+    for name in GPU_NODES:
+        env.sim.store.patch(
+            "nodes",
+            name,
+            {"status": {"capacity": {GPU: "2"}, "allocatable": {GPU: "2"}}},
+            status=True,
+        )
     await env.wait_ready(timeout=WAIT)
     await env.wait(lambda: all(gpu_pods_on(env, n) for n in GPU_NODES), "GPU workloads run")
 

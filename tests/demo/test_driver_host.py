@@ -239,6 +239,24 @@ async def test_an_unsigned_driver_on_a_secure_boot_node_crash_loops_with_the_ker
         assert simulated.nvidia_version(demo.root("sb-1")) is None
         status = demo.driver_status("sb-1")
         assert status["lastState"]["terminated"]["exitCode"] == 1
+        # The ClusterPolicy status names the node and the kernel's refusal.
+        await demo.sim.wait_for(
+            lambda: refusal in _state_message(demo, "state-driver"), 30, "state-driver names it"
+        )
+        jsonpath = '{.status.states[?(@.name=="state-driver")].message}'
+        shown = await demo.ok(
+            "get", "clusterpolicy", session.POLICY_NAME, "-o", f"jsonpath={jsonpath}"
+        )
+        assert "sb-1: container nvidia-driver-ctr in CrashLoopBackOff" in shown, shown
+        assert refusal in shown, shown
+
+
+def _state_message(demo: Demo, name: str) -> str:
+    policy = demo.sim.store.get("clusterpolicies.nvidia.com", session.POLICY_NAME) or {}
+    for state in (policy.get("status") or {}).get("states") or []:
+        if state.get("name") == name:
+            return str(state.get("message") or "")
+    return ""
 
 
 async def test_precompiled_drivers_are_signed_and_fail_on_a_kernel_they_were_not_built_for(

@@ -32,7 +32,7 @@ UBUNTU = {
 }
 A100 = {
     **UBUNTU,
-    keys.GPU_PRODUCT: "A100-SXM4-80GB",
+    keys.GPU_PRODUCT: "NVIDIA-A100-SXM4-80GB",
     "nvidia.com/gpu.compute.major": "8",
     "nvidia.com/gpu.compute.minor": "0",
 }
@@ -144,7 +144,7 @@ spec:
   image: driver
   version: "580.105.08"
   nodeSelector:
-    nvidia.com/gpu.product: A100-SXM4-80GB
+    nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB
 """
 
 

@@ -94,7 +94,7 @@ def test_an_unparsable_pod_selector_makes_the_policy_unusable() -> None:
     }
     owner = owner_from({**CLUSTER_POLICY, "spec": {**CLUSTER_POLICY["spec"], "driver": spec}})
     assert owner.policy.error is not None
-    assert owner.policy.error.startswith("drain.podSelector: cannot parse")
+    assert owner.policy.error.startswith("drain.podSelector: unbalanced parentheses")
 
 
 @pytest.mark.parametrize(

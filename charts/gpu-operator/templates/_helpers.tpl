@@ -123,9 +123,14 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 - nvidia-vgpu-manager
 {{- end -}}
 
-{{/* RuntimeClasses the toolkit state creates. */}}
+{{/* RuntimeClasses the pre-requisites state creates: operator.runtimeClass, plus the CDI and
+legacy ones (CDI is on by default and may be turned on later in the ClusterPolicy). */}}
 {{- define "gpu-operator.runtimeClasses" -}}
-- nvidia
-- nvidia-cdi
-- nvidia-legacy
+{{- $main := .Values.operator.runtimeClass | default "nvidia" -}}
+- {{ $main | quote }}
+{{- range list "nvidia-cdi" "nvidia-legacy" }}
+{{- if ne . $main }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gpu_operator.api import enablement, intstr
+from gpu_operator.api import apiserver_limits, enablement, intstr
 from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec
 from gpu_operator.api.core_types import EnvVar, ImageSpec, Toleration
 from gpu_operator.api.fields import TypeInfo, describe, wire_names
@@ -558,6 +558,7 @@ def check_document(doc: dict[str, Any]) -> Checked:
             Problem("metadata.namespace", f"{kind} is cluster-scoped; the namespace is ignored")
         )
     checked.warnings.extend(unknown_fields(doc, model))
+    checked.errors.extend(Problem(path, message) for path, message in apiserver_limits.check(doc))
     try:
         obj = model.model_validate(doc)
         checked.obj = obj

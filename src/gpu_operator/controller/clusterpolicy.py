@@ -18,6 +18,7 @@ from typing import Any
 from gpu_operator import api
 from gpu_operator.api import crds as crd_schema
 from gpu_operator.api import enablement, keys
+from gpu_operator.controller import drift, strip
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.controller.metrics import (
     STATUS_ERROR,
@@ -28,11 +29,12 @@ from gpu_operator.controller.metrics import (
 from gpu_operator.controller.nodelabels import NodeLabels
 from gpu_operator.controller.runtime import OWNED_KINDS, Reconciler, Request, Runtime, Watch
 from gpu_operator.kube import resources
+from gpu_operator.kube.errors import describe
 from gpu_operator.kube.writer import needs_write
-from gpu_operator.nodes import labelling
+from gpu_operator.nodes import coexist, labelling
 from gpu_operator.operands import readiness, registry
 from gpu_operator.operands.facts import ClusterFacts
-from gpu_operator.status import conditions, summary
+from gpu_operator.status import conditions, explain, summary
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ def cluster_facts(rt: Runtime) -> ClusterFacts:
         has_prometheusrule_crd=PROMETHEUSRULE_CRD in crds,
         config_map_keys={cm["metadata"]["name"]: tuple(cm["keys"]) for cm in maps},
         config_map_data={cm["metadata"]["name"]: cm["data"] for cm in maps if cm.get("data")},
+        startup_toleration=taint.toleration() if (taint := rt.settings.startup_taint) else None,
     )
 
 
@@ -149,6 +152,8 @@ class ClusterPolicyReconciler(Reconciler):
         self._last_state_outcomes: dict[str, str] = {}
         self._last_failures: dict[str, str] = {}
         self._psa_labelled = False
+        self._write_errors: list[BaseException] = []
+        self._edit_events: list[tuple[dict[str, Any], str]] = []
         nodes.on_settled = self._poke
         # Most watch events ask for the same debounced pass: one shared answer.
         self._debounced = (Request(POLICY_KEY, rt.settings.status_debounce),)
@@ -234,7 +239,8 @@ class ClusterPolicyReconciler(Reconciler):
             self.metrics.status.set(STATUS_NO_POLICY)
             return
         name = active["metadata"]["name"]
-        for other in self.caches[POLICIES].objects.values():
+        # A copy: the watch adds policies to the cache while the status writes below await.
+        for other in list(self.caches[POLICIES].objects.values()):
             if other is not active and (other.get("status") or {}).get("state") != "ignored":
                 status = summary.ignored(
                     active=name, namespace=namespace, now=now(),
@@ -262,9 +268,10 @@ class ClusterPolicyReconciler(Reconciler):
             )  # fmt: skip
             self.metrics.status.set(STATUS_ERROR)
             return
+        too_deep = active.get(strip.TOO_DEEP)
         checked = api.check_document(active)
-        if not checked.ok or not isinstance(checked.obj, api.ClusterPolicy):
-            problems = [str(p) for p in checked.errors]
+        if too_deep or not checked.ok or not isinstance(checked.obj, api.ClusterPolicy):
+            problems = [*(too_deep or []), *(str(p) for p in checked.errors)]
             log.warning("ClusterPolicy %s is invalid: %s", name, "; ".join(problems))
             await self._patch_status(
                 active,
@@ -288,7 +295,11 @@ class ClusterPolicyReconciler(Reconciler):
         # facts we rendered from look complete.
         pending = sorted(self.nodes.pending)
         facts = self.cluster_facts()
+        self._write_errors = []
+        self._edit_events = []
         reports = await self._sync_states(policy, active, facts)
+        for edited, message in self._edit_events:
+            await writer.event(edited, reason="HandEditReverted", type_="Warning", message=message)
         if pending:
             shown = ", ".join(pending[:3]) + (
                 f" and {len(pending) - 3} more" if len(pending) > 3 else ""
@@ -303,6 +314,8 @@ class ClusterPolicyReconciler(Reconciler):
                 gpu_nodes=facts.gpu_node_count,
                 label_conflicts=sum(len(c) for c in self.nodes.conflicts.values()),
                 preinstalled_drivers=self.preinstalled_drivers(),
+                coexistence=coexist.summary(self.nodes.coexist_findings),
+                worst_node=self.worst_node(policy),
             ),
             namespace=namespace,
             now=now(),
@@ -319,6 +332,41 @@ class ClusterPolicyReconciler(Reconciler):
         self.metrics.auto_upgrade.set(1 if label_policy and label_policy.upgrade_annotation else 0)
         if ready:
             self.metrics.last_success.set(time.time())
+        if self._write_errors:
+            first = self._write_errors[0]
+            raise WriteFailed(
+                f"{len(self._write_errors)} write(s) rejected, first: {describe(first)}"
+            ) from first
+
+    def worst_node(self, policy: api.ClusterPolicy) -> str:
+        """The node chain's verdict for the GPU node furthest from usable, from the caches
+        alone (no capacity, no logs: status/explain.py skips what it cannot know)."""
+        spec = policy.spec
+        view = explain.PolicyView(
+            driver=enablement.is_enabled(spec, "driver"),
+            toolkit=enablement.is_enabled(spec, "toolkit"),
+            device_plugin=enablement.is_enabled(spec, "devicePlugin"),
+        )
+        by_node: dict[str, list[explain.PodView]] = {}
+        for pod in self.caches[PODS].objects.values():
+            problem = pod.problem[1] if pod.problem else None
+            by_node.setdefault(pod.node, []).append(
+                explain.PodView(pod.name, pod.app or "", problem, component=pod.component or "")
+            )
+        verdicts = []
+        for node in self.caches[NODES].objects.values():
+            meta = node.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if labels.get(keys.GPU_PRESENT) != "true":
+                continue
+            name = str(meta.get("name"))
+            facts = explain.NodeFacts(
+                name=name, labels=labels, annotations=meta.get("annotations") or {},
+                has_nfd=bool(node.get("nfd")), pods=by_node.get(name, ()), policy=view,
+            )  # fmt: skip
+            verdicts.append(explain.explain(facts))
+        worst = explain.worst(verdicts)
+        return worst.message() if worst is not None else ""
 
     def preinstalled_drivers(self) -> tuple[str, ...]:
         """GPU nodes whose host runs its own driver while the policy installs drivers."""
@@ -329,6 +377,8 @@ class ClusterPolicyReconciler(Reconciler):
             if labelling.preinstalled_conflict(
                 (node.get("metadata") or {}).get("labels") or {}, policy
             )
+            # The coexistence detector's own `pre-installed` is reported as its finding.
+            and not self.nodes.coexist_adapted((node.get("metadata") or {}).get("name"))
         )
         return tuple(sorted(names))
 
@@ -349,7 +399,7 @@ class ClusterPolicyReconciler(Reconciler):
         reports: list[summary.StateReport] = []
         desired: set[tuple[str, str, str, str]] = set()
         keep_states: set[str] = set()
-        to_write: list[dict[str, Any]] = []
+        to_write: list[tuple[str, dict[str, Any]]] = []
         daemonsets: dict[str, list[dict[str, Any]]] = {}
         for state in registry.render_all(policy, facts):
             if state.error is not None:
@@ -372,15 +422,36 @@ class ClusterPolicyReconciler(Reconciler):
                     continue  # e.g. a ServiceMonitor whose CRD is not installed
                 obj.setdefault("metadata", {})["ownerReferences"] = [owner]
                 desired.add(ref(obj))
-                if needs_write(obj, self.caches.live(obj)):
-                    to_write.append(obj)
+                live = self.caches.live(obj)
+                if needs_write(obj, live) or (
+                    live is not None and obj.get("kind") == "DaemonSet"
+                    and self._hand_edited(obj, live)
+                ):  # fmt: skip
+                    to_write.append((state.name, obj))
                 if obj.get("kind") == "DaemonSet":
                     daemonsets.setdefault(state.name, []).append(obj)
             reports.append(summary.StateReport(state.name, "ready"))
-        for obj in to_write:
+        for _, obj in to_write:
             log.debug("applying %s %s", obj.get("kind"), ref(obj)[3])
-        await asyncio.gather(*(self.rt.write(obj) for obj in to_write))
-        written = {ref(obj) for obj in to_write}
+        results = await asyncio.gather(
+            *(self.rt.write(obj) for _, obj in to_write), return_exceptions=True
+        )
+        written = {ref(obj) for _, obj in to_write}
+        # A rejected write fails its state at once (the status says why, an Event is recorded);
+        # `reconcile` raises afterwards so the queue retries the pass with backoff.
+        rejected: dict[str, str] = {}
+        for (state_name, obj), result in zip(to_write, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                self._write_errors.append(result)
+                what = f"{obj.get('kind')} {ref(obj)[3]}"
+                log.debug("writing %s failed: %s", what, describe(result))
+                rejected.setdefault(state_name, f"writing {what} failed: {describe(result)}")
+        reports = [
+            summary.StateReport(r.name, "failed", rejected[r.name]) if r.name in rejected else r
+            for r in reports
+        ]
         await self._prune(
             desired, keep_states, crd_mode=bool(policy.spec.driver.useNvidiaDriverCRD)
         )
@@ -388,6 +459,20 @@ class ClusterPolicyReconciler(Reconciler):
             self.caches[PODS].objects.values(), self.caches[REVISIONS].objects.values()
         )
         return [self._readiness(r, daemonsets.get(r.name, []), written, by_owner) for r in reports]
+
+    def _hand_edited(self, desired: dict[str, Any], live: dict[str, Any]) -> bool:
+        """Whether someone changed fields we render on a live DaemonSet (our hash annotation is
+        unchanged then); records a Warning Event naming the fields and who changed them."""
+        diffs = drift.differences(drift.view(desired), live.get("drift"))
+        if not diffs:
+            return False
+        editors = live.get("editors") or []
+        manager = drift.who_changed(diffs[0][0], editors)
+        name = f"DaemonSet {live['metadata'].get('name')}"
+        message = drift.message(name, diffs, manager)
+        log.warning("%s", message)
+        self._edit_events.append((live, message))
+        return True
 
     def _readiness(
         self,
@@ -464,6 +549,10 @@ class ClusterPolicyReconciler(Reconciler):
                 continue
             if report.outcome == "ready" and before in ("notReady", "failed"):
                 await writer.event(active, reason="StateReady", message=f"{report.name} is ready")
+
+
+class WriteFailed(Exception):
+    """Some of a pass's writes were rejected; the status already says which (retried)."""
 
 
 def _facts_input(node: dict[str, Any] | None) -> tuple[Any, ...]:

@@ -31,6 +31,7 @@ def from_nodes(
     config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
     kubernetes_version: str = "1.35.0",
     config_map_data: Mapping[str, Mapping[str, str]] | None = None,
+    startup_toleration: Mapping[str, str] | None = None,
 ) -> ClusterFacts:
     """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels."""
     gpu_nodes = 0
@@ -72,4 +73,5 @@ def from_nodes(
         operator_env=dict(operator_env),
         config_map_keys=dict(config_map_keys or {}),
         config_map_data=dict(config_map_data or {}),
+        startup_toleration=startup_toleration,
     )

@@ -11,9 +11,11 @@ import socket
 from collections.abc import Mapping
 
 from gpu_operator.api.images import IMAGE_ENV
-from gpu_operator.controller import endpoints
+from gpu_operator.controller import endpoints, health
 from gpu_operator.controller.operator import Operator, Settings
 from gpu_operator.kube import client as kube_client
+from gpu_operator.nodes.coexist import CoexistPolicy
+from gpu_operator.nodes.gate import StartupTaint
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,18 @@ async def run(
             identity=identity,
             leader_elect=leader_elect,
             operator_env=image_env(environ),
+            coexist=CoexistPolicy.from_env(environ),
+            startup_taint=StartupTaint.from_env(environ),
         ),
     )
     runners = [
-        await endpoints.serve(endpoints.health_app(operator.ready.is_set), health_address),
+        await endpoints.serve(
+            endpoints.health_app(
+                lambda: health.readiness(operator.runtime),
+                lambda: health.liveness(operator.runtime),
+            ),
+            health_address,
+        ),
         await endpoints.serve(endpoints.metrics_app(operator.metrics.registry), metrics_address),
     ]
     task = asyncio.create_task(operator.run())

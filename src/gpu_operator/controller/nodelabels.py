@@ -13,11 +13,16 @@ from typing import Any
 
 from gpu_operator.api import keys
 from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch
-from gpu_operator.nodes import labelling, ledger
+from gpu_operator.nodes import coexist, gate, labelling, ledger
 
 NODE_PREFIX = "node"
 PREINSTALLED_REASON = "PreinstalledDriver"
+COEXIST_REASON = "CoexistenceConflict"
+GATE_REASON = "StartupTaintRemoved"
 NODES = "nodes"
+PODS = "pods"
+# The validator DaemonSet's pods (app label): Ready once every link of the node's chain passed.
+VALIDATOR_APP = "nvidia-operator-validator"
 
 # Given a cached node (strip.node), the owner label it should carry; None leaves it alone.
 OwnerSource = Callable[[Mapping[str, Any]], labelling.OwnerLabel | None]
@@ -37,6 +42,12 @@ class NodeLabels(Reconciler):
         self.pending: set[str] = set()
         self._reported_conflicts: set[tuple[str, str]] = set()
         self._reported_preinstalled: set[str] = set()
+        # The coexistence detector's findings per GPU node (nodes/coexist.py), for the status.
+        self.coexist_findings: dict[str, list[coexist.Finding]] = {}
+        self._coexist_adapted: set[str] = set()
+        self._reported_coexist: set[tuple[str, str, str]] = set()
+        # The DRA GPU driver's ResourceSlices per node name (none until a source is wired).
+        self.dra_slices: Callable[[str], tuple[str, ...]] = lambda node: ()
         # Set by the ClusterPolicy reconciler: the answer to "is there a policy in charge?",
         # and what to call when the last pending node settles or conflicts change.
         self.has_policy: Callable[[], bool] = lambda: False
@@ -49,7 +60,19 @@ class NodeLabels(Reconciler):
         return f"{NODE_PREFIX}/{name}"
 
     def watches(self) -> list[Watch]:
-        return [Watch(NODES, self._on_node)]
+        found = [Watch(NODES, self._on_node)]
+        if self.rt.settings.startup_taint is not None:
+            # A validator pod turning Ready is what lets the gate open on its node.
+            found.append(Watch(PODS, self._on_validator))
+        return found
+
+    def _on_validator(self, key: str, old: Any, new: Any) -> list[Request]:
+        pod = new if new is not None else old
+        if pod is None or pod.app != VALIDATOR_APP or not pod.node:
+            return []
+        if old is not None and new is not None and old.problem == new.problem:
+            return []
+        return [Request(self.key(pod.node))]
 
     def initial(self) -> list[Request]:
         self.pending.update(self.nodes.objects)
@@ -83,11 +106,15 @@ class NodeLabels(Reconciler):
         node = self.nodes.get(name)
         if node is None:
             self.conflicts.pop(name, None)
+            if self.coexist_findings.pop(name, None):
+                self.on_settled()
+            self._coexist_adapted.discard(name)
             self._settled(name)
             return
         meta = node.get("metadata") or {}
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
+        await self._gate(name, node)
         if self.label_policy is None:
             if self.has_policy():
                 return  # the policy is invalid or not reconciled yet: leave nodes alone
@@ -100,7 +127,12 @@ class NodeLabels(Reconciler):
             if owner is not None and owner.auto_upgrade and self.label_policy.sandbox:
                 # Upstream: no upgrade annotation while sandbox workloads are on.
                 owner = dataclasses.replace(owner, auto_upgrade=False)
-            plan = labelling.plan_node(labels, annotations, self.label_policy, owner)
+            outcome = self._detect(name, node)
+            plan = labelling.plan_node(
+                labels, annotations, self.label_policy, owner,
+                coexist=outcome.overrides, refuse=outcome.refused,
+            )  # fmt: skip
+            await self._report_coexist(name, meta, labels, outcome)
         if not plan.empty:
             # Settled only when the watch brings our write back and the plan comes out empty.
             await self.rt.writer.patch_node(name, plan.merge_patch())
@@ -123,10 +155,99 @@ class NodeLabels(Reconciler):
             self.on_settled()
         await self._report_preinstalled(name, meta)
 
+    def _validator_ready(self, name: str) -> bool:
+        return any(
+            pod.app == VALIDATOR_APP and pod.node == name and pod.problem is None
+            for pod in self.rt.caches[PODS].objects.values()
+        )
+
+    async def _gate(self, name: str, node: Mapping[str, Any]) -> None:
+        """Remove the startup taint once the node validated (nodes/gate.py): one JSON patch of
+        spec.taints, guarded by a `test` of the taints the plan read; a conflict plans again."""
+        taint = self.rt.settings.startup_taint
+        taints = node.get("taints") or ()
+        if taint is None or not any(taint.matches(t) for t in taints):
+            return
+        facts = gate.GateFacts(
+            taints=taints,
+            gpu_allocatable=int((node.get("status") or {}).get("gpuAllocatable") or 0),
+            validator_ready=self._validator_ready(name),
+        )
+        plan = gate.plan(facts, taint)
+        if not plan.remove:
+            return
+        # The guard tests spec.taints rather than the resourceVersion: the stripped cache keeps
+        # no resourceVersion (it would wake every node on each status write), and the chart's
+        # RBAC grants no `get` on nodes. The taints are exactly what this write must not lose.
+        if not await self.rt.writer.json_patch_node(name, plan.json_patch()):
+            self.rt.enqueue(self.key(name), after=0.5)  # changed under us: the watch re-plans
+            return
+        await self.rt.writer.event(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+             "uid": (node.get("metadata") or {}).get("uid")}},
+            reason=GATE_REASON,
+            message=f"node {name} validated (allocatable GPUs, validator Ready): "
+            f"removed the startup taint {taint}",
+        )  # fmt: skip
+
+    def coexist_adapted(self, name: object) -> bool:
+        """Whether the node's `pre-installed` driver label is the detector's (see coexist)."""
+        return name in self._coexist_adapted
+
+    def _detect(self, name: str, node: Mapping[str, Any]) -> coexist.Outcome:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if not labelling.has_gpu(labels):
+            return coexist.Outcome()
+        facts = coexist.NodeFacts(
+            # Cloud labels (GKE's, AKS's) live among the labels the cache keeps apart.
+            labels={**(node.get("selectable") or {}), **labels},
+            gpu_capacity=int((node.get("status") or {}).get("gpu") or 0),
+            dra_slices=self.dra_slices(name),
+            plugin_ledgered=ledger.read((node.get("metadata") or {}).get("annotations") or {}).get(
+                keys.DEPLOY_PREFIX + "device-plugin"
+            )
+            == "true",
+        )
+        return coexist.detect(facts, self.rt.settings.coexist)
+
+    async def _report_coexist(
+        self, name: str, meta: Mapping[str, Any], labels: Mapping[str, str],
+        outcome: coexist.Outcome,
+    ) -> None:  # fmt: skip
+        """One Warning Event per node and finding; the status follows the findings."""
+        if coexist.adapted_preinstalled(labels, outcome):
+            self._coexist_adapted.add(name)
+        else:
+            self._coexist_adapted.discard(name)
+        before = self.coexist_findings.get(name, [])
+        if outcome.findings:
+            self.coexist_findings[name] = outcome.findings
+        else:
+            self.coexist_findings.pop(name, None)
+        for finding in outcome.findings:
+            key = (name, finding.case, finding.action)
+            if key in self._reported_coexist:
+                continue
+            self._reported_coexist.add(key)
+            await self.rt.writer.event(
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                 "uid": meta.get("uid")}},
+                reason=COEXIST_REASON, type_="Warning", message=finding.message,
+            )  # fmt: skip
+        gone = {(f.case, f.action) for f in before} - {(f.case, f.action) for f in outcome.findings}
+        for case, action in gone:
+            self._reported_coexist.discard((name, case, action))
+        if before != outcome.findings:
+            self.on_settled()
+
     async def _report_preinstalled(self, name: str, meta: Mapping[str, Any]) -> None:
         """One Event per node whose host runs its own driver while the policy installs drivers:
         the operator leaves such a node alone (no relabel, no restart), and says what to do."""
-        if not labelling.preinstalled_conflict(meta.get("labels") or {}, self.label_policy):
+        labels = meta.get("labels") or {}
+        if (
+            not labelling.preinstalled_conflict(labels, self.label_policy)
+            or name in self._coexist_adapted  # the detector's own label: its Event says why
+        ):
             self._reported_preinstalled.discard(name)
             return
         if name in self._reported_preinstalled:

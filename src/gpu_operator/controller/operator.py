@@ -35,7 +35,8 @@ class Operator:
         ns = settings.namespace
         caches = rt.caches
         # The caches the reconcilers share; each is listed and watched once.
-        caches.add(clusterpolicy.POLICIES, resources.CLUSTER_POLICY)
+        # Bounded nesting: one hostile policy must not break validation for the others.
+        caches.add(clusterpolicy.POLICIES, resources.CLUSTER_POLICY, transform=strip.bounded)
         caches.add(clusterpolicy.NODES, resources.NODE, transform=strip.node)
         caches.add(clusterpolicy.PODS, resources.POD, namespace=ns, transform=strip.pod)
         caches.add(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -44,11 +45,14 @@ from gpu_operator.api import keys
 from gpu_operator.controller import strip
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.kube import resources
-from gpu_operator.kube.cache import Informer, Transform
+from gpu_operator.kube.cache import Informer, Transform, current_version, rewound
 from gpu_operator.kube.client import AsyncClient
+from gpu_operator.kube.errors import describe
 from gpu_operator.kube.leader import LeaderElector
 from gpu_operator.kube.queue import WorkQueue
 from gpu_operator.kube.writer import Writer
+from gpu_operator.nodes.coexist import CoexistPolicy
+from gpu_operator.nodes.gate import StartupTaint
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,14 @@ class Settings:
     status_debounce: float = 0.2
     write_concurrency: int = 16
     workers: int = 8
+    # How often one cheap list checks that the API server's state did not go back in time.
+    consistency_interval: float = 1.0
+    # Liveness: a reconcile running longer than this means the work loop is stuck.
+    stuck_after: float = 300.0
+    # What to do where something else would fight the operator (nodes/coexist.py; COEXIST_* env).
+    coexist: CoexistPolicy = field(default_factory=CoexistPolicy)
+    # The readiness gate's startup taint (nodes/gate.py; STARTUP_TAINT env); None: gate off.
+    startup_taint: StartupTaint | None = None
 
 
 class Request(NamedTuple):
@@ -231,6 +243,9 @@ class Runtime:
         self.ready = asyncio.Event()
         self.write_slots = asyncio.Semaphore(settings.write_concurrency)
         self._tasks: list[asyncio.Task[None]] = []
+        # Work keys being reconciled, with when they started (liveness reads it).
+        self.busy: dict[str, float] = {}
+        self.consistency_error: str | None = None
 
     # ----- wiring ------------------------------------------------------------------------------
 
@@ -275,6 +290,7 @@ class Runtime:
         try:
             await self.caches.synced()
             self.ready.set()
+            self._tasks.append(asyncio.create_task(self._check_consistency()))
             if self.elector is not None:
                 self._tasks.append(asyncio.create_task(self.elector.run()))
                 await self.elector.is_leader.wait()
@@ -313,6 +329,7 @@ class Runtime:
                 raise RuntimeError("lost the leader lease; exiting so a standby can take over")
             key = getter.result()
             reconciler = self._owner(key)
+            self.busy[key] = time.monotonic()
             try:
                 if reconciler is None:
                     log.error("no reconciler for work key %s; dropped", key)
@@ -321,11 +338,37 @@ class Runtime:
                 self.queue.forget(key)
             except Exception as err:
                 delay = self.queue.retry(key)
-                log.warning("reconcile of %s failed: %s; retrying in %.1fs", key, err, delay)
+                log.warning(
+                    "reconcile of %s failed: %s; retrying in %.1fs", key, describe(err), delay
+                )
                 if reconciler is not None:
                     reconciler.failed(key, err)
             finally:
+                self.busy.pop(key, None)
                 self.queue.done(key)
+
+    async def _check_consistency(self) -> None:
+        """Relist every cache when the API server's resourceVersion is older than one a cache
+        has seen: after an etcd restore or a restart that lost data, watches resumed from a
+        future version would wait forever and 410 never comes."""
+        informers = self.caches.informers
+        while True:
+            await asyncio.sleep(self.settings.consistency_interval)
+            try:
+                version = await current_version(self.client, resources.CLUSTER_POLICY)
+                self.consistency_error = None
+            except Exception as err:
+                self.consistency_error = describe(err)
+                continue
+            behind = rewound(list(informers.values()), version)
+            if behind:
+                newest = max(int(str(i.version)) for i in behind)
+                log.warning(
+                    "the API server's resourceVersion went back (%s, we saw %d): it lost or "
+                    "restored state; relisting every cache", version, newest,
+                )  # fmt: skip
+                for informer in list(informers.values()):
+                    informer.relist("the API server's state went back in time")
 
     async def write(self, obj: dict[str, Any]) -> None:
         """Server-side apply through the writer, at most `write_concurrency` at a time."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gpu_operator.api import crds, keys
-from gpu_operator.nodes import labelling, ledger
+from gpu_operator.api import crds, keys, manifests
+from gpu_operator.controller import drift
+from gpu_operator.kube.client import FIELD_MANAGER
+from gpu_operator.nodes import gate, labelling, ledger
 from gpu_operator.operands import dcgm_exporter, nvidiadriver, readiness
 
 # Node labels the planners read besides the `nvidia.com/` ones.
@@ -73,8 +75,22 @@ def node(obj: dict[str, Any]) -> dict[str, Any]:
         "nfd": labelling.has_nfd(labels),
         "status": {"nodeInfo": _interned({
             k: info[k] for k in ("containerRuntimeVersion", "kernelVersion") if k in info
-        })},
+        }),
+            # Whole GPUs someone advertises (the coexistence detector; the readiness gate).
+            "gpu": _gpu_count((obj.get("status") or {}).get("capacity")),
+            # Whole GPUs and MIG slices (the readiness gate, nodes/gate.py).
+            "gpuAllocatable": gate.allocatable_gpus((obj.get("status") or {}).get("allocatable")),
+        },
+        # The startup taint the readiness gate removes; nodes carry a few taints at most.
+        "taints": list((obj.get("spec") or {}).get("taints") or ()),
     }  # fmt: skip
+
+
+def _gpu_count(resources: Any) -> int:
+    try:
+        return int((resources or {}).get("nvidia.com/gpu") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def pod(obj: dict[str, Any]) -> readiness.PodSummary:
@@ -108,6 +124,12 @@ def owned(obj: dict[str, Any]) -> dict[str, Any]:
         spec = obj.get("spec") or {}
         out["spec"] = {k: spec[k] for k in ("updateStrategy", "selector", "replicas") if k in spec}
         out["status"] = obj.get("status") or {}
+    if obj.get("kind") == "DaemonSet":
+        # What hand-edit detection compares, and who else wrote the object (controller/drift.py).
+        out["drift"] = drift.view(obj)
+        out["editors"] = drift.editors(
+            (obj.get("metadata") or {}).get("managedFields"), FIELD_MANAGER
+        )
     return out
 
 
@@ -126,3 +148,33 @@ def revision(obj: dict[str, Any]) -> dict[str, Any]:
 def crd(obj: dict[str, Any]) -> dict[str, Any]:
     """A CRD's name and our schema version marker."""
     return {"metadata": _meta(obj, annotations=(crds.SCHEMA_VERSION_ANNOTATION,))}
+
+
+# Deeper than any real manifest (they nest about 10 levels), far below what breaks a recursive
+# decoder or validator; the same bound as `gpu-operator validate`.
+MAX_DEPTH = manifests.MAX_DEPTH
+TOO_DEEP = "invalidNesting"
+
+
+def bounded(obj: dict[str, Any]) -> dict[str, Any]:
+    """A custom resource with every subtree nested deeper than MAX_DEPTH cut off (without
+    recursion); the cut fields are listed under TOO_DEEP, which the reconcilers report as an
+    invalid spec. One hostile object must not break validation, or the cache, for the rest."""
+    problems: list[str] = []
+    stack: list[tuple[Any, int, tuple[str, ...]]] = [(obj, 0, ())]
+    while stack:
+        value, depth, path = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in list(items):
+            if not isinstance(child, dict | list):
+                continue
+            where = (*path, str(key))
+            if depth + 1 >= MAX_DEPTH:
+                value[key] = None
+                shown = ".".join(where[:3])
+                problems.append(f"{shown}: nested more than {MAX_DEPTH} levels deep")
+                continue
+            stack.append((child, depth + 1, where))
+    if problems:
+        obj[TOO_DEEP] = sorted(set(problems))
+    return obj

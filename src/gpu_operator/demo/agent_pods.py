@@ -334,7 +334,10 @@ async def device_plugin(
                                                                  reload, stop)):  # fmt: skip
             await plugin.run(stop=stop, reload=reload, install_signals=False)
     except (dp_manager.InitFailed, dp_manager.FatalError) as err:
-        log.error("nvidia-device-plugin: %s", err)
+        # The plugin's own logger, so the line is in `kubectl logs` (this module's is not), and
+        # the reason in the pod status too (`kubectl describe`, the ClusterPolicy status).
+        dp_manager.log.error("nvidia-device-plugin: %s", err)
+        ctx.write_termination_message(f"nvidia-device-plugin: {err}\n")
         return dp_command.EXIT_FAILED
     finally:
         for helper in helpers:

@@ -1,4 +1,5 @@
-"""Watch-fed caches: list once, then watch from the list's resourceVersion, relist only on 410.
+"""Watch-fed caches: list once, then watch from the list's resourceVersion; relist on 410, on a
+watch that ends in an error, and when resourceVersions go backwards (the server lost state).
 
 Objects are stored after a transform that keeps only what the planners read, which is what keeps
 the operator's memory flat at thousands of nodes.
@@ -7,8 +8,11 @@ the operator's memory flat at thousands of nodes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -24,6 +28,38 @@ def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace")
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
+
+
+# The API server decodes JSON nested up to 10,000 levels; Python's recursive decoders stop near
+# 1,000. A cache that met one such object retries with this limit (the C stack holds it), so the
+# object decodes and its transform can bound it (strip.bounded) instead of the watch failing
+# forever on it.
+DEEP_RECURSION_LIMIT = 12_000
+
+
+@contextlib.contextmanager
+def deep_recursion(enabled: bool) -> Iterator[None]:
+    """Raise the interpreter's recursion limit while decoding, when `enabled`."""
+    before = sys.getrecursionlimit()
+    if enabled and before < DEEP_RECURSION_LIMIT:
+        sys.setrecursionlimit(DEEP_RECURSION_LIMIT)
+    try:
+        yield
+    finally:
+        if sys.getrecursionlimit() != before:
+            sys.setrecursionlimit(before)
+
+
+class StateLost(Exception):
+    """The API server's state went back in time (an etcd restore, a restart that lost data)."""
+
+
+def _older(version: str, than: str | None) -> bool:
+    """Whether resourceVersion `version` is before `than` (both etcd revisions in practice;
+    they are opaque by contract, so anything not a number is never called older)."""
+    if than is None or not version.isdigit() or not than.isdigit():
+        return False
+    return int(version) < int(than)
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -60,6 +96,15 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self._stopping = False
+        self._deep = False  # an object too deep for the default decoder was seen
+        # The last resourceVersion seen (None: list next); `watching` while a watch is open.
+        self.version: str | None = None
+        # Since when list/watch has not worked (None: it works); readiness reads it. Set until
+        # the first list, and at the first of a run of failures; cleared by a list, an event
+        # or a watch the server ended normally.
+        self.down_since: float | None = time.monotonic()
+        self._current: asyncio.Task[Any] | None = None
+        self._relist_requested = False
 
     @property
     def kind(self) -> str:
@@ -105,42 +150,115 @@ class Informer:
 
     async def run(self) -> None:
         """List and watch until cancelled; transient errors back off and resume the watch."""
-        version: str | None = None
         delay = 0.2
         while not self._stopping:
             try:
-                if version is None:
-                    version = await self._list()
-                    self.relists += 1
-                kwargs: dict[str, Any] = {
-                    "labels": self.labels,
-                    "resource_version": version,
-                    "server_timeout": self.watch_timeout,
-                }
-                if self.namespace is not None:
-                    kwargs["namespace"] = self.namespace
-                async for event, item in self.client.watch(self.resource, **kwargs):
-                    obj = _plain(item)
-                    version = obj.get("metadata", {}).get("resourceVersion", version)
-                    if event == "DELETED":
-                        self._delete(obj)
-                    elif event in ("ADDED", "MODIFIED"):
-                        self._set(obj)
-                    delay = 0.2
+                with deep_recursion(self._deep):
+                    self._current = asyncio.current_task()
+                    await self._list_and_watch()
+                delay = 0.2
             except asyncio.CancelledError:
-                raise
+                if not self._relist_requested:
+                    raise
+                # Our own cancellation from `relist`: take it back and list again.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                self._relist_requested = False
+                self.version = None
+            except RecursionError:
+                self._failing()
+                if self._deep:
+                    log.error("%s: an object is nested too deeply to decode; relisting in "
+                              "%.1fs", self.kind, delay)  # fmt: skip
+                    self.version = None
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                else:
+                    log.warning("%s: an object is nested too deeply for the default decoder; "
+                                "decoding with a deeper limit", self.kind)  # fmt: skip
+                    self._deep = True
+            except StateLost as err:
+                log.warning("%s: %s; relisting", self.kind, err)
+                self.version = None
             except ApiError as err:
                 if err.status.code == 410:
                     log.info("%s watch expired (410 Gone); relisting", self.kind)
-                    version = None
+                    self.version = None
                     continue
-                log.warning("%s watch failed: %s; retrying in %.1fs", self.kind, err, delay)
+                # A watch ending in an error may mean the server lost state (a restart): list
+                # again rather than resume from a version it may not have.
+                self._failing()
+                self.version = None
+                log.warning("%s watch failed: %s; relisting in %.1fs", self.kind, err, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             except Exception as err:
-                log.warning("%s watch interrupted: %s; retrying in %.1fs", self.kind, err, delay)
+                self._failing()
+                self.version = None
+                log.warning("%s watch interrupted: %s; relisting in %.1fs", self.kind, err, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    async def _list_and_watch(self) -> None:
+        """List when there is no version yet, then watch until the stream ends."""
+        if self.version is None:
+            self.version = await self._list()
+            self.relists += 1
+            self.down_since = None
+        kwargs: dict[str, Any] = {
+            "labels": self.labels,
+            "resource_version": self.version,
+            "server_timeout": self.watch_timeout,
+        }
+        if self.namespace is not None:
+            kwargs["namespace"] = self.namespace
+        async for event, item in self.client.watch(self.resource, **kwargs):
+            obj = _plain(item)
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version is not None:
+                if _older(str(version), self.version):
+                    raise StateLost(f"resourceVersion went backwards ({self.version} -> {version})")
+                self.version = str(version)
+            self.down_since = None
+            if event == "DELETED":
+                self._delete(obj)
+            elif event in ("ADDED", "MODIFIED"):
+                self._set(obj)
+        self.down_since = None  # the server ended the watch normally (its timeout)
+
+    def _failing(self) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+
+    def relist(self, reason: str) -> None:
+        """Drop the watch and list again (the API server lost or rewound its state)."""
+        log.warning("%s: %s; relisting", self.kind, reason)
+        task = self._current
+        if task is not None and not task.done():
+            self._relist_requested = True
+            task.cancel()
+        else:
+            self.version = None
+
     def stop(self) -> None:
         self._stopping = True
+
+
+async def current_version(client: AsyncClient, resource: Any) -> str | None:
+    """The API server's current resourceVersion, from a one-item list of `resource` (cheap: a
+    list without a resourceVersion is answered at the store's latest revision)."""
+    listing = client.list(resource, chunk_size=1)
+    async for _ in listing:
+        break
+    try:
+        return str(listing.resourceVersion)
+    except Exception:  # an empty list may carry none
+        return None
+
+
+def rewound(informers: list[Informer], version: str | None) -> list[Informer]:
+    """The caches that have seen a resourceVersion newer than the server's current one."""
+    if version is None:
+        return []
+    return [i for i in informers if i.version is not None and _older(version, i.version)]

@@ -28,6 +28,11 @@ class WorkQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, being processed or waiting for its delay."""
+        return not (self._queue or self._processing or self._timers)
+
     def add(self, key: str) -> None:
         """Queue a key now (a pending delayed add of the same key is superseded)."""
         timer = self._timers.pop(key, None)

@@ -211,6 +211,17 @@ class Writer:
         result = await self.client.patch(resources.NODE, name, patch, patch_type=PatchType.MERGE)
         return dict(result)
 
+    async def json_patch_node(self, name: str, ops: list[dict[str, Any]]) -> bool:
+        """Apply a JSON patch to a node; False when one of its `test` operations failed (the
+        server answers 422; 409 for a stale resourceVersion) or the node is gone."""
+        try:
+            await self.client.patch(resources.NODE, name, ops, patch_type=PatchType.JSON)
+        except ApiError as err:
+            if err.status.code in (404, 409, 422):
+                return False
+            raise
+        return True
+
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch a pod's metadata (labels, ownerReferences)."""
         await self.client.patch(

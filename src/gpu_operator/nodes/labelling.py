@@ -181,6 +181,10 @@ class _Writer:
     def _ours(self, key: str, current: str | None) -> bool:
         return key in ALWAYS_OURS or ledger.owns(self.owned, key, current)
 
+    def owns(self, key: str) -> bool:
+        """Whether the operator wrote the key's current value (per the ledger)."""
+        return key in self.owned and ledger.owns(self.owned, key, self.labels.get(key))
+
     def set(self, key: str, value: str, *, keep_non_empty: bool = False) -> None:
         current = self.labels.get(key)
         if current == value:
@@ -228,10 +232,14 @@ def plan_node(
     annotations: Mapping[str, str],
     policy: LabelPolicy,
     owner: OwnerLabel | None = None,
+    coexist: Mapping[str, str] | None = None,
+    refuse: bool = False,
 ) -> NodePlan:
     """The label changes that bring one node in line with the ClusterPolicy (and, in NVIDIADriver
-    mode, with the owner label `owner` asks for)."""
+    mode, with the owner label `owner` asks for). `coexist` (deploy-label suffix -> value) and
+    `refuse` are the coexistence detector's answer for the node (nodes/coexist.py)."""
     writer = _Writer(labels, annotations)
+    overrides = coexist or {}
     deploy_keys = [k for k in labels if k.startswith(keys.DEPLOY_PREFIX)]
     # k8s-driver-manager's `pre-installed` describes the host, not a wish: never overwritten or
     # removed (upstream only ever adds missing deploy labels, so it keeps it too), and not a
@@ -247,7 +255,7 @@ def plan_node(
         writer.set(keys.GPU_PRESENT, "true")
     elif keys.GPU_PRESENT in labels:
         writer.set(keys.GPU_PRESENT, "false")
-    if not gpu or labels.get(keys.DEPLOY_OPERANDS) == "false":
+    if not gpu or labels.get(keys.DEPLOY_OPERANDS) == "false" or refuse:
         for key in deploy_keys:
             writer.remove(key)
     else:
@@ -262,7 +270,15 @@ def plan_node(
             if key not in kept:
                 writer.remove(key)
         for key in sorted(wanted):
+            override = overrides.get(key.removeprefix(keys.DEPLOY_PREFIX))
             if key == keys.DEPLOY_DRIVER and preinstalled_driver(labels):
+                if coexist is not None and override is None and writer.owns(key):
+                    # The detector's own `pre-installed`, no longer warranted: a stale one would
+                    # block the driver for good (GO#504). The driver manager's stays.
+                    writer.set(key, "true")
+                continue
+            if override is not None:
+                writer.set(key, override)
                 continue
             pauser = PAUSED_BY.get(labels.get(key, ""))
             if pauser is not None and keys.DEPLOY_PREFIX + pauser not in kept:

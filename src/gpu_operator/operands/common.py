@@ -567,6 +567,7 @@ def finalize(
         pod["priorityClassName"] = daemonsets.priorityClassName
     if daemonsets.tolerations:
         pod["tolerations"] = [t.to_dict() for t in daemonsets.tolerations]
+    _apply_startup_toleration(pod, facts)
     if daemonsets.podSecurityContext is not None:
         pod["securityContext"] = daemonsets.podSecurityContext.to_dict()
     _apply_host_root(ds, spec)
@@ -591,6 +592,22 @@ def _apply_update_strategy(ds: Obj, spec: api.ClusterPolicySpec) -> None:
         value: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
         strategy["rollingUpdate"] = {"maxUnavailable": value}
     ds["spec"]["updateStrategy"] = strategy
+
+
+def _apply_startup_toleration(pod: Obj, facts: ClusterFacts) -> None:
+    """Operand pods tolerate the readiness gate's startup taint: they must run on a new node to
+    validate it, while workloads wait for the operator to remove the taint (nodes/gate.py)."""
+    wanted = facts.startup_toleration
+    if not wanted:
+        return
+    tolerations: list[Obj] = pod.setdefault("tolerations", [])
+    for have in tolerations:
+        key_ok = have.get("key") == wanted["key"] or (
+            not have.get("key") and have.get("operator") == "Exists"
+        )
+        if key_ok and have.get("effect") in (None, "", wanted["effect"]):
+            return  # already tolerated (a user toleration, or everything)
+    tolerations.append(dict(wanted))
 
 
 def _apply_host_root(ds: Obj, spec: api.ClusterPolicySpec) -> None:

@@ -50,6 +50,8 @@ class ClusterFacts:
       missing here makes the driver state fail to render, as upstream fails when it is absent.
     - config_map_data: the contents of the ConfigMap keys whose text a renderer checks (today the
       dcgm-exporter counters key), by ConfigMap name then key; absent when unknown (offline).
+    - startup_toleration: the toleration of the readiness gate's startup taint (STARTUP_TAINT),
+      added to every operand pod so it runs on the node it validates; None when the gate is off.
     """
 
     namespace: str = "gpu-operator"
@@ -65,6 +67,7 @@ class ClusterFacts:
     operator_env: Mapping[str, str] = field(default_factory=_no_env)
     config_map_keys: Mapping[str, tuple[str, ...]] = field(default_factory=_no_config_maps)
     config_map_data: Mapping[str, Mapping[str, str]] = field(default_factory=_no_config_map_data)
+    startup_toleration: Mapping[str, str] | None = None
 
     @property
     def os_tag(self) -> str | None:

@@ -29,6 +29,10 @@ class ClusterView:
     label_conflicts: int = 0
     # GPU nodes whose host runs its own driver while the policy installs drivers (sorted).
     preinstalled_drivers: tuple[str, ...] = ()
+    # The coexistence detector's sentence (nodes/coexist.py summary), "" when nothing was found.
+    coexistence: str = ""
+    # The node chain's verdict for the worst GPU node (status/explain.py), "" when all hold.
+    worst_node: str = ""
 
 
 def preinstalled_message(nodes: Sequence[str], shown: int = 5) -> str:
@@ -94,6 +98,10 @@ def build(
         )
     if cluster.preinstalled_drivers:
         message += "; " + preinstalled_message(cluster.preinstalled_drivers)
+    if cluster.coexistence:
+        message += "; " + cluster.coexistence
+    if cluster.worst_node and not ready:
+        message += "; first failing link: " + cluster.worst_node
     return {
         "state": "ready" if ready else "notReady",
         "namespace": namespace,
@@ -121,7 +129,12 @@ def refused(
     generation: int | None,
     previous: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Status for a policy the operator will not act on; existing operands are left running."""
+    """Status for a policy the operator will not act on; existing operands are left running.
+
+    Every state it listed before is marked as not evaluated: a status patch merges, so states
+    left out would keep saying `ready` from an earlier, valid spec."""
+    earlier = [s for s in (previous or {}).get("states") or [] if isinstance(s, dict)]
+    not_evaluated = f"not evaluated: {reason} (see the Ready condition)"
     return {
         "state": "notReady",
         "namespace": namespace,
@@ -133,6 +146,11 @@ def refused(
             generation=generation,
             previous=(previous or {}).get("conditions") or [],
         ),
+        "states": [
+            {"name": str(s.get("name")), "state": "notReady", "message": not_evaluated}
+            for s in earlier
+            if s.get("name")
+        ],
     }
 
 

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_SET = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s*\(([^)]*)\)\s*$")
-_EQ = re.compile(r"^\s*([^\s!=]+)\s*(==|=|!=)\s*([^\s,]*)\s*$")
+_SET = re.compile(r"^\s*([^\s!=()]+)\s+(in|notin)\s*\(([^()]*)\)\s*$")
+# A value holds no `=`, `!`, comma or parenthesis (`a=b=c` is not a requirement).
+_EQ = re.compile(r"^\s*([^\s!=()]+)\s*(==|=|!=)\s*([^\s!=(),]*)\s*$")
 _EXISTS = re.compile(r"^\s*(!?)\s*([^\s!=(),]+)\s*$")
 
 
@@ -40,8 +41,9 @@ class Selector:
     requirements: tuple[Requirement, ...] = ()
     text: str = ""
 
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(r.matches(labels) for r in self.requirements)
+    def matches(self, labels: Mapping[str, str] | None) -> bool:
+        found = labels or {}
+        return all(r.matches(found) for r in self.requirements)
 
     @property
     def empty(self) -> bool:
@@ -61,11 +63,15 @@ def _split(text: str) -> list[str]:
             depth += 1
         elif char == ")":
             depth -= 1
+            if depth < 0:
+                raise SelectorError(f"unbalanced parentheses in selector {text!r}")
         if char == "," and depth == 0:
             parts.append(current)
             current = ""
         else:
             current += char
+    if depth:
+        raise SelectorError(f"unbalanced parentheses in selector {text!r}")
     parts.append(current)
     return parts
 
@@ -80,6 +86,8 @@ def parse(text: str | None) -> Selector:
             raise SelectorError(f"empty requirement in selector {text!r}")
         if match := _SET.match(part):
             values = frozenset(v.strip() for v in match.group(3).split(",") if v.strip())
+            if not values:
+                raise SelectorError(f"{part.strip()!r} in selector {text!r}: a set needs a value")
             op = "In" if match.group(2) == "in" else "NotIn"
             requirements.append(Requirement(match.group(1), op, values))
         elif match := _EQ.match(part):

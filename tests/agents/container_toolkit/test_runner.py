@@ -168,6 +168,48 @@ async def test_without_a_driver_the_agent_is_not_ready_until_the_cdi_spec_can_be
     await asyncio.wait_for(task, 5)
 
 
+async def test_a_cdi_spec_that_stays_ungenerated_ends_the_agent_with_the_reason_and_keeps_config(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path, {"CDI_SPEC_TIMEOUT": "0.2"})
+
+    def open_nvml() -> nvml.Nvml:
+        raise nvml.DriverNotLoaded("Driver Not Loaded")
+
+    agent = node.agent(open_nvml)
+    code = await asyncio.wait_for(agent.run(asyncio.Event(), on_ready=node.ready.set), 5)
+    assert code == runner.EXIT_FAILED
+    assert not node.ready.is_set()
+    assert agent.failure is not None
+    assert agent.failure.startswith(
+        "the management CDI spec /var/run/cdi/management.nvidia.com-gpu.yaml could not be "
+        "generated for 0.2 s: failed to initialize NVML: Driver Not Loaded"
+    )
+    assert node.events.reasons()[-1] == "CDISpecGenerationFailed"
+    # Not an uninstall: the handlers stay for the next pod, which then restarts nothing.
+    assert node.drop_in.is_file()
+    assert node.config.read_bytes() != node.original
+
+
+async def test_cdi_spec_timeout_zero_retries_forever(tmp_path: Path) -> None:
+    node = Node(tmp_path, {"CDI_SPEC_TIMEOUT": "0"})
+    attempts = 0
+
+    def open_nvml() -> nvml.Nvml:
+        nonlocal attempts
+        attempts += 1
+        raise nvml.DriverNotLoaded("Driver Not Loaded")
+
+    stop = asyncio.Event()
+    agent = node.agent(open_nvml)
+    task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
+    await until(lambda: attempts >= 3, "three CDI attempts", timeout=10)
+    assert not task.done()
+    stop.set()
+    assert await asyncio.wait_for(task, 5) == runner.EXIT_OK
+    assert agent.failure is None
+
+
 async def test_a_second_instance_on_the_node_exits_with_the_lock_message(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from gpu_operator.agents.driver_manager import selector, settings
+from gpu_operator.agents.driver_manager import settings
 from gpu_operator.cli import app
 from gpu_operator.operands import driver as driver_operand
+from gpu_operator.upgrade import selectors as selector
 
 NODE = {"NODE_NAME": "gpu-1"}
 

@@ -59,8 +59,10 @@ class State:
 class Store:
     """The backup directory (as this process sees it)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, name: str | None = None) -> None:
         self.dir = directory
+        # The directory as the node sees it (for messages): `directory` may be a view of it.
+        self.name = name or str(directory)
 
     @property
     def state_path(self) -> Path:

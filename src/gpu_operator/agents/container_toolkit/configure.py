@@ -85,7 +85,7 @@ def apply(editor: edits.Editor, files: RuntimeFiles, store: backup.Store, runtim
                 files.name(role), backup.digest(current.get(role))
             )
         store.save(state)
-        log.info("saved the original runtime config in %s", store.dir)
+        log.info("saved the original runtime config in %s", store.name)
     else:
         for role in editor.roles:
             record = state.files.get(role)
@@ -151,7 +151,7 @@ def restore(editor: edits.Editor, files: RuntimeFiles, store: backup.Store) -> R
                     )
                 continue
             out.partial.append(
-                f"{name}: the saved original in {store.dir} is missing or damaged: "
+                f"{name}: the saved original in {store.name} is missing or damaged: "
                 "removed only the toolkit's settings"
             )
         elif record is not None and record.written is not None:

@@ -121,7 +121,7 @@ class Agent:
         self.sys_root = sys_root
         self.editor = editor_for(settings)
         self.files = runtime_files(settings, view)
-        self.store = backup.Store(view(settings.backup_dir))
+        self.store = backup.Store(view(settings.backup_dir), settings.backup_dir)
         self.cdi_path: Path | None = None
         self.cdi_error: str | None = None
         self.configured = False
@@ -314,6 +314,10 @@ class Agent:
                 return EXIT_OK
             try:
                 await self._serve(stop, on_ready)
+                if self.failure is not None:
+                    # Giving up on the CDI spec is not an uninstall: the runtime keeps our
+                    # handlers, so the next pod finds them in place and restarts nothing.
+                    return EXIT_FAILED
             except asyncio.CancelledError:
                 # Cancelled instead of signalled (an event loop shutting down, an in-process pod
                 # runner): the node's config must still be put back before we go.
@@ -325,8 +329,33 @@ class Agent:
         finally:
             lock.release()
 
+    async def _cdi_given_up(self, missing_since: float | None) -> bool:
+        """Whether the CDI spec has been missing for longer than CDI_SPEC_TIMEOUT; sets the
+        failure (the termination message) and records a Warning Event when it has.
+
+        Why exit rather than stay unready: an unready container says nothing in the pod's
+        status, while an exit puts the reason in its termination message, which `kubectl
+        describe` and the ClusterPolicy status quote (upstream's installer exits at once).
+        """
+        s = self.s
+        timeout = s.cdi_spec_timeout
+        if not s.cdi_enabled or missing_since is None or timeout <= 0:
+            return False
+        if asyncio.get_running_loop().time() - missing_since < timeout:
+            return False
+        self.failure = (
+            f"the management CDI spec {spec_file(s)} could not be generated for {timeout:g} s: "
+            f"{self.cdi_error or 'unknown error'}; containers of the NVIDIA runtime in CDI mode "
+            "fail with unresolvable CDI devices until it is"
+        )
+        log.error("%s", self.failure)
+        await self._event("Warning", "CDISpecGenerationFailed", self.failure)
+        return True
+
     async def _serve(self, stop: asyncio.Event, on_ready: Callable[[], None] | None) -> None:
         s = self.s
+        loop = asyncio.get_running_loop()
+        missing_since = None if self.cdi_path is not None else loop.time()
         told = False
         if self.ready and on_ready is not None:
             on_ready()
@@ -345,7 +374,12 @@ class Agent:
                     log.warning(
                         "the management CDI spec %s disappeared: writing it again", self.cdi_path
                     )
-                await asyncio.to_thread(self.generate_cdi)
+                if not await asyncio.to_thread(self.generate_cdi):
+                    missing_since = loop.time() if missing_since is None else missing_since
+                    if await self._cdi_given_up(missing_since):
+                        return
+            if self.cdi_path is not None:
+                missing_since = None
             if s.drift_interval and not s.nri:
                 await self.configure(drift=True)
             if self.ready and not told and on_ready is not None:

@@ -19,7 +19,8 @@ ENABLE_CDI, CDI_OUTPUT_DIR (/var/run/cdi), CDI_KIND (management.nvidia.com/gpu) 
 Ours: RUNTIME_CONFIG_HOST_PATH (the config's path on the host, for messages; default: the runtime's
 usual directory when the config is mounted under /runtime/config-dir), RUNTIME_CONFIG_BACKUP_DIR
 (`<ROOT>/runtime-config-backup`), RUNTIME_CONFIG_DRIFT_INTERVAL (seconds, 5; 0: no drift checks),
-NODE_NAME (for the node's Events).
+CDI_SPEC_TIMEOUT (seconds, 60: how long the management CDI spec may stay ungenerated before the
+agent exits with the reason; 0: retry forever), NODE_NAME (for the node's Events).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ DEFAULT_RESTART = {"containerd": "signal", "crio": "systemd", "docker": "signal"
 OPERATOR_CONFIG_DIR = "/runtime/config-dir/"
 DEFAULT_DRIVER_ROOT = "/run/nvidia/driver"
 DEFAULT_DRIFT_INTERVAL = 5.0
+DEFAULT_CDI_SPEC_TIMEOUT = 60.0
 TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
 FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
 
@@ -97,6 +99,7 @@ class Settings:
     nri: bool = False
     backup_dir: str = "/usr/local/nvidia/" + backup.DIR_NAME
     drift_interval: float = DEFAULT_DRIFT_INTERVAL
+    cdi_spec_timeout: float = DEFAULT_CDI_SPEC_TIMEOUT
     node_name: str = ""
     warnings: tuple[str, ...] = field(default=())
 
@@ -221,6 +224,9 @@ def from_env(env: Mapping[str, str]) -> Settings:
             "RUNTIME_CONFIG_DRIFT_INTERVAL: expected seconds (0 turns drift checks off), "
             f"not {interval_text!r}"
         ) from None
+    cdi_spec_timeout = _seconds(
+        env, "CDI_SPEC_TIMEOUT", DEFAULT_CDI_SPEC_TIMEOUT, "0 retries forever"
+    )
     return Settings(
         runtime=runtime,
         root=root,
@@ -272,9 +278,22 @@ def from_env(env: Mapping[str, str]) -> Settings:
         nri=_bool(env, ["ENABLE_NRI_PLUGIN"], False),
         backup_dir=env.get("RUNTIME_CONFIG_BACKUP_DIR") or posixpath.join(root, backup.DIR_NAME),
         drift_interval=interval,
+        cdi_spec_timeout=cdi_spec_timeout,
         node_name=env.get("NODE_NAME", ""),
         warnings=tuple(warnings),
     )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, zero: str) -> float:
+    """A non-negative number of seconds from `name`; SettingsError names the variable."""
+    text = env.get(name, "")
+    try:
+        value = float(text) if text.strip() else default
+        if value < 0 or value != value:
+            raise ValueError(text)
+    except ValueError:
+        raise SettingsError(f"{name}: expected seconds ({zero}), not {text!r}") from None
+    return value
 
 
 def read_driver_ready(text: str) -> dict[str, str]:

@@ -120,6 +120,8 @@ def mig_device(gpu: GpuFacts, mig: MigFacts, minors: Mapping[str, int]) -> Devic
 
 def mig_resource_name(profile: str) -> str:
     """`nvidia.com/mig-<profile>` for whole-GPU-instance profiles (`+me` becomes `.me`)."""
+    # A resource name must be a DNS subdomain, so upstream's default mixed-strategy rules replace
+    # `+` with `.` (`1g.24gb+gfx` -> `mig-1g.24gb.gfx`, `+me.all` -> `.me.all`); `-me` stays.
     if "c." in profile:
         # Profiles with fewer compute slices than GPU slices (`1c.2g.10gb`) get no default rule.
         raise DeviceError(f"MIG profile '{profile}' does not match any resource patterns")

@@ -132,13 +132,15 @@ def _mig(parent: nvml.Device, mig: nvml.Device, index: int, total_mib: int) -> M
     attrs = mig.mig_attributes()
     gi_id = mig.gpu_instance_id()
     ci_id = mig.compute_instance_id()
-    media = parent.gpu_instance_by_id(gi_id).info().profile_id in catalog.MEDIA_EXTENSION_PROFILES
+    # The suffix comes from the GPU-instance profile id (`+me`, `+me.all`, `+gfx`, `-me`), as
+    # go-nvlib's MigProfile names it; the attributes alone cannot tell these profiles apart.
+    gi_profile = parent.gpu_instance_by_id(gi_id).info().profile_id
     profile = catalog.mig_profile_name(
         attrs.gpu_instance_slice_count,
         attrs.compute_instance_slice_count,
         attrs.memory_size_mb,
         total_mib,
-        media,
+        suffix=catalog.profile_suffix(gi_profile),
     )
     return MigFacts(
         index=index,

@@ -103,6 +103,10 @@ class Manager:
             raise InitFailed(f"failed to initialize NVML: {err}") from err
         try:
             return facts.collect(lib, driver_root=s.driver_root_view, sys_root=s.sys_root)
+        except nvml.NvmlError as err:
+            # A GPU NVML cannot describe fails the start like an NVML that does not come up
+            # (failOnInitError decides), instead of escaping as an unexplained crash.
+            raise InitFailed(f"failed to read the GPUs from NVML: {err}") from err
         finally:
             with contextlib.suppress(nvml.NvmlError):
                 lib.shutdown()

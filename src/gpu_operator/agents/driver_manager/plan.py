@@ -31,9 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpu_operator.agents.driver_manager import selector as selector_mod
 from gpu_operator.agents.driver_manager.settings import Settings
 from gpu_operator.api import keys
+from gpu_operator.upgrade import selectors as selector_mod
 
 PAUSED = "paused-for-driver-upgrade"
 PREINSTALLED = "pre-installed"

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_operator.agents.driver_manager import selector as selector_mod
+from gpu_operator.upgrade import selectors as selector_mod
 
 DEFAULT_NAMESPACE = "gpu-operator"
 # Go's strconv.ParseBool spellings.

@@ -19,7 +19,7 @@ _NO_FABRIC = "00000000-0000-0000-0000-000000000000"
 
 @dataclass(frozen=True)
 class MigDeviceFacts:
-    """One MIG device: its profile name (`1g.5gb`, `1g.5gb+me`) and NVML attributes."""
+    """One MIG device: its profile name (`1g.5gb`, `1g.24gb+gfx`) and NVML attributes."""
 
     profile: str
     memory_mb: int
@@ -71,13 +71,13 @@ def read_machine_type(path: str | Path) -> str:
 def _mig_device(parent: nvml.Device, mig: nvml.Device, total_mib: int) -> MigDeviceFacts:
     attrs = mig.mig_attributes()
     gi = parent.gpu_instance_by_id(mig.gpu_instance_id())
-    media = gi.info().profile_id in catalog.MEDIA_EXTENSION_PROFILES
+    # Named from the GPU-instance profile id, so `+gfx`, `-me` and `+me.all` keep their suffix.
     profile = catalog.mig_profile_name(
         attrs.gpu_instance_slice_count,
         attrs.compute_instance_slice_count,
         attrs.memory_size_mb,
         total_mib,
-        media,
+        suffix=catalog.profile_suffix(gi.info().profile_id),
     )
     return MigDeviceFacts(
         profile=profile,

@@ -1,7 +1,8 @@
 """Check a mig-parted config without a node: its format, and every entry with a device filter
 against the catalogued GPU that filter names (what `gpu-operator validate` runs on a MIG config
 ConfigMap or file). Entries without a filter apply to whatever GPU a node has, so only the MIG
-manager on that node can refuse them; here a config no catalogued GPU accepts gets a warning.
+manager on that node can refuse them; here a config no catalogued GPU accepts gets a warning,
+but a profile name no catalogued GPU offers at all is an error.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.agents.mig_manager import config as cfg
-from gpu_operator.agents.mig_manager import planner
+from gpu_operator.agents.mig_manager import planner, profiles
 from gpu_operator.nvml import catalog
 
 
@@ -49,7 +50,12 @@ def check(data: Any, source: str) -> Report:
     except cfg.ConfigError as err:
         report.errors.append(str(err))
         return report
+    known = _catalogued_profiles()
     for name, entries in parsed.configs.items():
+        unknown = _unknown_profiles(source, name, entries, known)
+        report.errors.extend(unknown)
+        if unknown:
+            continue
         report.errors.extend(_filtered_entry_errors(source, name, entries))
         if not _accepted_anywhere(name, entries):
             report.warnings.append(
@@ -57,6 +63,24 @@ def check(data: Any, source: str) -> Report:
                 f"(known MIG GPUs: {', '.join(m.key for m in catalog.mig_capable_models())})"
             )
     return report
+
+
+def _catalogued_profiles() -> set[str]:
+    return {name for model in catalog.mig_capable_models() for name in profiles.known_names(model)}
+
+
+def _unknown_profiles(
+    source: str, name: str, entries: tuple[cfg.Entry, ...], known: set[str]
+) -> list[str]:
+    # A profile no catalogued GPU offers fails on every node we know (mig-parted refuses it),
+    # unlike a combination no GPU can hold, which may suit a GPU we do not know (a warning).
+    return [
+        f"{source}: mig-configs.{name}[{entry.index}].mig-devices.{profile.name}: unknown MIG "
+        f"profile {profile.name!r}: no GPU in the catalog offers it"
+        for entry in entries
+        for profile in entry.mig_devices
+        if profile.name not in known
+    ]
 
 
 def _filtered_entry_errors(source: str, name: str, entries: tuple[cfg.Entry, ...]) -> list[str]:

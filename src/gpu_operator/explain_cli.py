@@ -1,0 +1,207 @@
+"""`gpu-operator explain node|policy`: why a GPU node is not usable, why the ClusterPolicy is not
+ready; a rich tree for people, JSON for tools. Exit 0 usable/ready, 1 not, 2 bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.tree import Tree
+
+from gpu_operator.status import explain
+
+app = typer.Typer(
+    name="explain",
+    help="Why a GPU node is not allocatable, why the ClusterPolicy is not ready.",
+    no_args_is_help=True,
+)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+T = TypeVar("T")
+MARKS = {"ok": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}
+
+
+class Output(StrEnum):
+    tree = "tree"
+    json = "json"
+
+
+KUBECONFIG = typer.Option(
+    None, "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: in-cluster)."
+)
+NAMESPACE = typer.Option(
+    None, "--namespace", help="The operator's namespace (default: from the ClusterPolicy status)."
+)
+
+
+def run_api(
+    kubeconfig: str | None,
+    work: Callable[[Any], Awaitable[T]],
+    bad_input: tuple[type[Exception], ...] = (),
+) -> T:
+    """Connect, run `work(client)`, close; `bad_input` errors exit 2, API failures 1, with one
+    line each."""
+    from gpu_operator.kube import client as kube_client
+
+    async def main() -> T:
+        client = kube_client.connect(kubeconfig)
+        try:
+            return await work(client)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(main())
+    except kube_client.ConnectError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    except bad_input as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # transport errors and API refusals: say what failed
+        err.print(f"error: {type(exc).__name__}: {exc}", markup=False)
+        raise typer.Exit(1) from None
+
+
+def tree(verdict: explain.Verdict) -> Tree:
+    """The verdict as a rich tree: one branch per link, evidence and fix under the failing one."""
+    head = "[green]usable[/]" if verdict.usable else "[red]not usable[/]"
+    root = Tree(f"node [bold]{escape(verdict.node)}[/]: {head}")
+    for link in verdict.links:
+        branch = root.add(f"{MARKS[link.status]} {escape(link.title)}: {escape(link.summary)}")
+        if link.status == "failed" or link.id == "device-plugin":
+            for evidence in link.evidence:
+                branch.add(
+                    f"[dim]{evidence.kind}[/] {escape(evidence.ref)}: {escape(evidence.text)}"
+                )
+        if link.fix:
+            branch.add(f"[bold]fix:[/] {escape(link.fix)}")
+    reached = {link.id for link in verdict.links}
+    for link_id, title in explain.CHAIN:
+        if link_id not in reached:
+            root.add(f"[dim]· {title}: not reached[/]")
+    return root
+
+
+@app.command("node")
+def node_command(
+    name: str = typer.Argument(..., help="The node to explain."),
+    output: Output = typer.Option(Output.tree, "-o", "--output", help="tree or json."),
+    kubeconfig: str | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+) -> None:
+    """Walk the node readiness chain for one node and stop at the first failing link."""
+    from gpu_operator.kube import explain_read
+
+    async def work(client: Any) -> explain.NodeFacts:
+        return await explain_read.node_snapshot(client, name, namespace)
+
+    facts = run_api(kubeconfig, work, (explain_read.NodeNotFound,))
+    verdict = explain.explain(facts)
+    if output is Output.json:
+        typer.echo(json.dumps(verdict.to_dict(), indent=2))
+    else:
+        Console(highlight=False, soft_wrap=True).print(tree(verdict))
+    raise typer.Exit(0 if verdict.usable else 1)
+
+
+def policy_report(policy: dict[str, Any] | None) -> tuple[bool, list[dict[str, str]], str]:
+    """(ready, the states with their outcome and message, the Ready condition's message)."""
+    if policy is None:
+        return False, [], "no ClusterPolicy: nothing is deployed (create one, or install the chart)"
+    status = policy.get("status") or {}
+    ready: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
+    states = [
+        {
+            "name": str(s.get("name")),
+            "state": str(s.get("state")),
+            "message": str(s.get("message") or ""),
+        }
+        for s in status.get("states") or []
+    ]
+    message = str(ready.get("message") or "the operator has not reported a status yet")
+    return status.get("state") == "ready", states, message
+
+
+@app.command("policy")
+def policy_command(
+    output: Output = typer.Option(Output.tree, "-o", "--output", help="tree or json."),
+    kubeconfig: str | None = KUBECONFIG,
+) -> None:
+    """Why the ClusterPolicy is not ready, state by state (from its status)."""
+    from gpu_operator.kube import explain_read
+
+    async def work(client: Any) -> dict[str, Any] | None:
+        return explain_read.active_policy(await explain_read.policies(client))
+
+    policy = run_api(kubeconfig, work)
+    ready, states, message = policy_report(policy)
+    name = str(((policy or {}).get("metadata") or {}).get("name") or "")
+    if output is Output.json:
+        typer.echo(
+            json.dumps(
+                {"name": name, "ready": ready, "message": message, "states": states}, indent=2
+            )
+        )
+    else:
+        head = "[green]ready[/]" if ready else "[red]not ready[/]"
+        root = Tree(f"ClusterPolicy [bold]{escape(name or '-')}[/]: {head}: {escape(message)}")
+        marks = {"ready": "ok", "notReady": "failed", "failed": "failed", "disabled": "skipped"}
+        for state in states:
+            mark = MARKS[marks.get(state["state"], "skipped")]
+            text = f" ({escape(state['message'])})" if state["message"] else ""
+            root.add(f"{mark} {escape(state['name'])}: {state['state']}{text}")
+        Console(highlight=False, soft_wrap=True).print(root)
+    if policy is None:
+        raise typer.Exit(2)
+    raise typer.Exit(0 if ready else 1)
+
+
+def must_gather_command(
+    output_file: str = typer.Option(
+        "", "-o", "--output", help="The archive to write (default: must-gather-<time>.tar.gz)."
+    ),
+    kubeconfig: str | None = KUBECONFIG,
+    namespace: str | None = NAMESPACE,
+    timeout: float = typer.Option(
+        300.0, "--timeout", min=1.0, help="Stop reading logs after this many seconds."
+    ),
+) -> None:
+    """One tar.gz for a bug report: operator and operand logs (current and previous), DaemonSets,
+    ClusterPolicy/NVIDIADrivers, GPU nodes, Events, rendered objects, `explain` per GPU node.
+    Never a Secret; tokens redacted; bounded per log, in all and in time (see the docs)."""
+    import time
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from gpu_operator.kube import must_gather
+
+    target = Path(output_file or time.strftime("must-gather-%Y%m%d-%H%M%S.tar.gz"))
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("reading the cluster", total=None)
+
+        def progress(step: str, done: int, total: int) -> None:
+            bar.update(task, description=f"reading {step}", completed=done, total=total)
+
+        async def work(client: Any) -> Any:
+            return await must_gather.gather(client, namespace, deadline=timeout, progress=progress)
+
+        archive = run_api(kubeconfig, work)
+    data = archive.tar_gz()
+    try:
+        target.write_bytes(data)
+    except OSError as exc:
+        err.print(f"error: {target}: {exc.strerror or exc}", markup=False)
+        raise typer.Exit(2) from None
+    left = f"; left out: {'; '.join(archive.left_out)}" if archive.left_out else ""
+    typer.echo(f"wrote {target}: {len(archive.files)} files, {len(data)} bytes{left}")

@@ -1,0 +1,182 @@
+"""The reads behind `gpu-operator explain` and `must-gather`: one node's chain snapshot, the
+active ClusterPolicy, and pod logs bounded in lines and bytes (current or previous run)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources import core_v1
+
+from gpu_operator.kube import resources
+from gpu_operator.nodes import labelling
+from gpu_operator.operands import readiness
+from gpu_operator.status import explain
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+NOT_FOUND = 404
+DEFAULT_NAMESPACE = "gpu-operator"
+# Per container: enough lines to hold a failure and what led to it.
+EXPLAIN_TAIL_LINES = 50
+EXPLAIN_LIMIT_BYTES = 64 * 1024
+
+
+class NodeNotFound(Exception):
+    """The node named on the command line does not exist."""
+
+
+async def _list(client: AsyncClient, resource: Any, **kwargs: Any) -> list[Obj]:
+    try:
+        return [dict(obj) async for obj in client.list(resource, **kwargs)]
+    except ApiError as err:
+        if err.status.code == NOT_FOUND:  # a kind whose CRD is not installed
+            return []
+        raise
+
+
+async def policies(client: AsyncClient) -> list[Obj]:
+    return await _list(client, resources.CLUSTER_POLICY)
+
+
+def active_policy(found: list[Obj]) -> Obj | None:
+    """The ClusterPolicy in charge: the oldest one not being deleted (as the controller)."""
+    live = [p for p in found if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    if not live:
+        return None
+    return min(live, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
+                                    str(p["metadata"].get("name"))))  # fmt: skip
+
+
+def operator_namespace(policy: Obj | None, given: str | None) -> str:
+    """The operands' namespace: as given, else as the ClusterPolicy status reports it."""
+    if given:
+        return given
+    return str(((policy or {}).get("status") or {}).get("namespace") or DEFAULT_NAMESPACE)
+
+
+async def pod_log(
+    client: AsyncClient,
+    namespace: str,
+    name: str,
+    container: str,
+    *,
+    previous: bool = False,
+    tail_lines: int | None = EXPLAIN_TAIL_LINES,
+    limit_bytes: int | None = EXPLAIN_LIMIT_BYTES,
+) -> str:
+    """A container's log, bounded ("" when there is none, e.g. no previous run).
+
+    lightkube's `log()` has no `previous` or `limitBytes`, so the request is built the way it
+    builds its own, with those parameters added.
+    """
+    inner = client._client
+    request = inner.prepare_request(
+        "get", core_v1.PodLog, name=name, namespace=namespace,
+        params={"container": container, "previous": previous or None,
+                "tailLines": tail_lines, "limitBytes": limit_bytes},
+    )  # fmt: skip
+    try:
+        response = await inner.send(inner.build_adapter_request(request))  # type: ignore[no-untyped-call]
+        inner.raise_for_status(response)  # type: ignore[no-untyped-call]
+    except ApiError as err:
+        log.debug("log of %s/%s %s: %s", namespace, name, container, err)
+        return ""
+    return str(response.text)
+
+
+async def _logs_for(
+    client: AsyncClient, namespace: str, pods: list[Obj]
+) -> dict[tuple[str, str], str]:
+    """Log tails of the containers that are failing or restarted (current and previous run),
+    and of the device plugin (it names the devices it marked unhealthy)."""
+    out: dict[tuple[str, str], str] = {}
+    for pod in pods:
+        name = str(pod["metadata"]["name"])
+        app = str((pod["metadata"].get("labels") or {}).get("app") or "")
+        for view in explain.container_views(pod):
+            failing = not view.ready and not view.succeeded
+            if not (failing or view.restarts or app == explain.PLUGIN_APP):
+                continue
+            text = ""
+            if view.restarts:
+                text = await pod_log(client, namespace, name, view.name, previous=True)
+            text += await pod_log(client, namespace, name, view.name)
+            if text:
+                out[(name, view.name)] = text
+    return out
+
+
+async def node_snapshot(
+    client: AsyncClient, node_name: str, namespace: str | None = None, *, logs: bool = True
+) -> explain.NodeFacts:
+    """Everything the chain reads about one node, from the API."""
+    try:
+        node = dict(await client.get(resources.NODE, node_name))
+    except ApiError as err:
+        if err.status.code == NOT_FOUND:
+            raise NodeNotFound(f"node {node_name!r} not found") from None
+        raise
+    policy = active_policy(await policies(client))
+    ns = operator_namespace(policy, namespace)
+    pods = await _list(client, resources.POD, namespace=ns, fields={"spec.nodeName": node_name})
+    pods = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    events = await _list(client, resources.EVENT, namespace=ns)
+    events += await _list(
+        client, resources.EVENT, namespace=resources.ALL_NAMESPACES,
+        fields={"involvedObject.name": node_name},
+    )  # fmt: skip
+    names = {node_name, *(str(p["metadata"]["name"]) for p in pods)}
+    events = [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+    daemonsets: dict[str, Obj] = {}
+    for ds in await _list(client, resources.DAEMONSET, namespace=ns):
+        meta = ds.get("metadata") or {}
+        daemonsets[str((meta.get("labels") or {}).get("app") or meta.get("name"))] = ds
+    views = []
+    for pod in pods:
+        problem = readiness.pod_problem(pod)
+        views.append(explain.pod_view(pod, problem[1] if problem else None))
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    return explain.NodeFacts(
+        name=node_name,
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        capacity=dict(status.get("capacity") or {}),
+        allocatable=dict(status.get("allocatable") or {}),
+        conditions=list(status.get("conditions") or []),
+        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        pods=tuple(views),
+        events=events,
+        logs=await _logs_for(client, ns, pods) if logs else None,
+        policy=explain.policy_view((policy or {}).get("spec")) if policy else None,
+        daemonsets=daemonsets,
+    )
+
+
+async def gpu_nodes(client: AsyncClient) -> list[Obj]:
+    """Nodes NFD or the operator say have an NVIDIA GPU."""
+    found = []
+    async for node in client.list(resources.NODE):
+        labels: Mapping[str, str] = (node.metadata.labels if node.metadata else None) or {}
+        if labelling.has_gpu(labels) or labels.get("nvidia.com/gpu.present") == "true":
+            found.append(dict(node))
+    return found
+
+
+async def iter_log_chunks(
+    client: AsyncClient, namespace: str, pod: Obj, *, tail_lines: int, limit_bytes: int
+) -> AsyncIterator[tuple[str, bool, str]]:
+    """(container, previous, text) for every container of a pod, current and previous run."""
+    name = str(pod["metadata"]["name"])
+    for view in explain.container_views(pod):
+        for previous in (False, True):
+            if previous and not view.restarts:
+                continue
+            text = await pod_log(
+                client, namespace, name, view.name, previous=previous,
+                tail_lines=tail_lines, limit_bytes=limit_bytes,
+            )  # fmt: skip
+            yield view.name, previous, text

@@ -1,0 +1,237 @@
+"""`gpu-operator explain node` on the demo, run as a user runs it (the command against the demo's
+kubeconfig, next to the real kubectl): a healthy node exits 0; each broken link of the chain
+(a driver Secure Boot refuses, an unwritable containerd drop-in, a GPU with an ECC error, an AKS
+preinstalled driver) is named first and exits 1."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubesim_helpers import KUBECTL, needs_kubectl
+from rich.console import Console
+
+import kubesim
+from gpu_operator.demo import fleet, programs, session
+
+pytestmark = needs_kubectl
+NS = session.NAMESPACE
+CLI = [sys.executable, "-m", "gpu_operator"]
+
+
+@dataclass
+class Demo:
+    sim: kubesim.Cluster
+    kubeconfig: Path
+
+    async def run(self, *argv: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode()
+
+    async def kubectl(self, *args: str) -> str:
+        code, out = await self.run(str(KUBECTL), "--kubeconfig", str(self.kubeconfig), *args)
+        assert code == 0, out
+        return out
+
+    async def explain(self, node: str) -> tuple[int, dict[str, Any]]:
+        code, out = await self.run(
+            *CLI, "explain", "node", node, "-o", "json", "--kubeconfig", str(self.kubeconfig)
+        )
+        return code, json.loads(out)
+
+    async def until_link(self, node: str, link: str, timeout: float = 40) -> dict[str, Any]:
+        """The explain verdict once it names `link` first (the fault takes a moment to show)."""
+        deadline = time.monotonic() + timeout
+        verdict: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            code, verdict = await self.explain(node)
+            if verdict.get("failedLink") == link:
+                assert code == 1
+                return verdict
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"explain never named {link}: {json.dumps(verdict, indent=1)}")
+
+    def pod_name(self, app: str, node: str) -> str:
+        for pod in self.sim.store.list("pods", NS):
+            labels = pod["metadata"].get("labels") or {}
+            if labels.get("app") == app and pod["spec"].get("nodeName") == node:
+                return str(pod["metadata"]["name"])
+        raise AssertionError(f"no {app} pod on {node}")
+
+    async def until(self, check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+        await self.sim.wait_for(check, timeout, what)
+
+
+@asynccontextmanager
+async def served(
+    pools: list[dict[str, Any]] | str, tmp_path: Path, *, timeout: float = 60.0
+) -> AsyncIterator[Demo]:
+    ready: asyncio.Future[tuple[kubesim.Cluster, programs.Programs]] = (
+        asyncio.get_running_loop().create_future()
+    )
+    chosen = fleet.NAMED[pools] if isinstance(pools, str) else fleet.parse({"pools": pools})
+    options = session.Options(
+        fleet=chosen,
+        serve=True,
+        kubeconfig_out=tmp_path / "kubeconfig",
+        timing=programs.Timing(scale=0.0),
+        timeout=timeout,
+        live=False,
+        on_serving=lambda sim, nodes: ready.set_result((sim, nodes)),
+    )
+    buffer = io.StringIO()
+    task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
+    try:
+        waiters: set[asyncio.Future[Any]] = {task, ready}
+        done, _ = await asyncio.wait(waiters, timeout=timeout + 30, return_when="FIRST_COMPLETED")
+        assert ready in done, buffer.getvalue()
+        sim, _nodes = ready.result()
+        yield Demo(sim, tmp_path / "kubeconfig")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+A100 = [{"name": "a100", "machine": "dgx-a100"}, {"name": "cpu"}]
+ECC_ERROR = "uncorrectable ECC error encountered"
+
+
+async def test_explain_holds_on_a_healthy_node_and_names_a_failing_cuda_workload(
+    tmp_path: Path,
+) -> None:
+    async with served(A100, tmp_path) as demo:
+        code, verdict = await demo.explain("a100-1")
+        assert code == 0, json.dumps(verdict, indent=1)
+        assert verdict["usable"] is True
+        links = {link["id"]: link for link in verdict["links"]}
+        assert links["allocatable"]["summary"] == "8 GPU(s) allocatable"
+        assert links["driver"]["status"] == "ok"
+
+        # The human form: a tree that says so.
+        code, text = await demo.run(
+            *CLI, "explain", "node", "a100-1", "--kubeconfig", str(demo.kubeconfig)
+        )
+        assert code == 0, text
+        assert "node a100-1: usable" in text, text
+
+        code, verdict = await demo.explain("cpu-1")
+        assert code == 1
+        assert verdict["failedLink"] == "gpu-detected"
+        code, out = await demo.run(
+            *CLI, "explain", "node", "nope", "--kubeconfig", str(demo.kubeconfig)
+        )
+        assert code == 2, out
+        assert out.strip() == "error: node 'nope' not found", out
+
+        # A GPU with an uncorrectable ECC error: the CUDA validation workload fails.
+        driver = demo.pod_name("nvidia-driver-daemonset", "a100-1")
+        await demo.kubectl(
+            "-n", NS, "exec", driver, "-c", "nvidia-driver-ctr", "--", "demo-gpu-fault", "ecc", "0"
+        )
+        validator = demo.pod_name("nvidia-operator-validator", "a100-1")
+        await demo.kubectl("-n", NS, "delete", "pod", validator, "--wait=false")
+        verdict = await demo.until_link("a100-1", "validator")
+        failed = verdict["links"][-1]
+        assert failed["summary"].startswith("cuda-validation: "), failed
+        assert ECC_ERROR in json.dumps(failed["evidence"]), failed
+        assert "nvidia-smi -r" in failed["fix"]
+
+        # The same chain, from the operator's caches, names the link in the policy's status.
+        jsonpath = '{.status.conditions[?(@.type=="Ready")].message}'
+
+        def named() -> bool:
+            policy = demo.sim.store.get("clusterpolicies.nvidia.com", session.POLICY_NAME) or {}
+            ready = (policy.get("status") or {}).get("conditions") or [{}]
+            return "first failing link: node a100-1: validator failed" in str(ready[0])
+
+        await demo.until(named, "the Ready message names the failing link")
+        shown = await demo.kubectl("get", "clusterpolicy", session.POLICY_NAME, "-o",
+                                   f"jsonpath={jsonpath}")  # fmt: skip
+        assert "first failing link: node a100-1: validator failed: cuda-validation" in shown
+
+
+@pytest.mark.slow
+async def test_explain_names_a_driver_secure_boot_refuses(tmp_path: Path) -> None:
+    pools = [{"name": "sb", "machine": "t4x4", "secureBoot": True}]
+    async with served(pools, tmp_path, timeout=3.0) as demo:
+        verdict = await demo.until_link("sb-1", "driver")
+        failed = verdict["links"][-1]
+        refusal = "Key was rejected by service"
+        assert refusal in failed["summary"] or refusal in json.dumps(failed["evidence"]), failed
+        assert "Secure Boot" in failed["fix"]
+        assert [link["id"] for link in verdict["links"]][-2:] == ["driver-manager", "driver"]
+
+
+@pytest.mark.slow
+async def test_explain_names_an_unwritable_containerd_drop_in(tmp_path: Path) -> None:
+    async with served(A100, tmp_path) as demo:
+        drop_in = demo.sim.node_root("a100-1") / "etc/containerd/conf.d/99-nvidia.toml"
+        toolkit = demo.pod_name("nvidia-container-toolkit-daemonset", "a100-1")
+        await demo.kubectl("-n", NS, "delete", "pod", toolkit, "--wait=false")
+        await demo.until(lambda: not drop_in.exists(), "the old toolkit pod to restore the node")
+        drop_in.mkdir()
+        verdict = await demo.until_link("a100-1", "toolkit")
+        failed = verdict["links"][-1]
+        assert "configuring containerd failed" in json.dumps(failed), failed
+
+
+@pytest.mark.slow
+async def test_explain_names_an_aks_preinstalled_driver(tmp_path: Path) -> None:
+    async with served("aks-preinstalled", tmp_path) as demo:
+        verdict = await demo.until_link("t4-1", "driver")
+        failed = verdict["links"][-1]
+        assert "preinstalled NVIDIA driver while driver.enabled=true" in failed["summary"]
+        assert "--gpu-driver none" in failed["fix"]
+
+
+# What docs/troubleshooting.md says the archive holds (paths under must-gather/).
+DOCUMENTED = (
+    "MANIFEST.txt", "cluster/clusterpolicies.yaml", "cluster/nvidiadrivers.yaml",
+    "cluster/gpu-nodes.yaml", "namespaces/gpu-operator/pods.yaml",
+    "namespaces/gpu-operator/daemonsets.yaml", "namespaces/gpu-operator/deployments.yaml",
+    "namespaces/gpu-operator/events.yaml", "rendered.yaml", "explain/a100-1.json",
+)  # fmt: skip
+
+
+async def test_must_gather_archives_what_the_docs_list_and_never_a_secret(tmp_path: Path) -> None:
+    import tarfile
+
+    async with served(A100, tmp_path) as demo:
+        secret = "s3cr3t-value-never-in-the-archive"
+        await demo.kubectl("-n", NS, "create", "secret", "generic", "ngc",
+                           f"--from-literal=NGC_API_KEY={secret}")  # fmt: skip
+        target = tmp_path / "mg.tar.gz"
+        code, out = await demo.run(
+            *CLI, "must-gather", "-o", str(target), "--kubeconfig", str(demo.kubeconfig)
+        )
+        assert code == 0, out
+        assert f"wrote {target}" in out
+        with tarfile.open(target, "r:gz") as tar:
+            contents = {m.name.removeprefix("must-gather/"): m for m in tar.getmembers()}
+            for path in DOCUMENTED:
+                assert path in contents, sorted(contents)
+            assert "explain/cpu-1.json" not in contents  # GPU nodes only
+            logs = [p for p in contents if p.startswith("logs/")]
+            assert any(p.endswith("/nvidia-driver-ctr.log") for p in logs), logs
+            assert any("/k8s-driver-manager.log" in p for p in logs), logs
+            text = b"".join(
+                (tar.extractfile(m) or io.BytesIO()).read() for m in contents.values()
+            ).decode()
+        assert "kind: Secret" not in text
+        assert secret.encode().hex() not in text
+        assert secret not in text
+        assert "eyJ" not in text  # no service account token
+        manifest = text  # the manifest lists the limits it ran under
+        assert "2000 lines and 262144 bytes per log" in manifest

@@ -1,0 +1,76 @@
+"""Rejected writes: the ClusterPolicy status says so at once, with an Event, and retries."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from operator_harness import NAMESPACE, Env, policy
+
+POLICIES = "clusterpolicies.nvidia.com"
+
+
+def state_of(env: Env, name: str) -> dict[str, Any]:
+    states = (env.policy().get("status") or {}).get("states") or []
+    return next((s for s in states if s["name"] == name), {})
+
+
+def events(env: Env, reason: str) -> list[dict[str, Any]]:
+    found = env.sim.store.list("events", namespace=NAMESPACE)
+    return [e for e in found if e.get("reason") == reason]
+
+
+async def test_rejected_daemonset_write_fails_the_state_within_a_second(env: Env) -> None:
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    faults = env.sim.faults
+    rule = faults.add(verb="patch", resource="daemonsets.apps", code=403)
+    env.sim.store.patch(
+        POLICIES, "cluster-policy",
+        {"spec": {"dcgmExporter": {"env": [{"name": "DCGM_EXPORTER_DEBUG", "value": "1"}]}}},
+    )  # fmt: skip
+    edited = time.monotonic()
+
+    def failed() -> bool:
+        return state_of(env, "state-dcgm-exporter").get("state") == "failed"
+
+    await env.wait(failed, "state-dcgm-exporter failed", timeout=5)
+    assert time.monotonic() - edited < 1.0
+    status = env.policy()["status"]
+    assert status["state"] == "notReady"
+    message = state_of(env, "state-dcgm-exporter")["message"]
+    assert "nvidia-dcgm-exporter" in message, message
+    assert "injected fault" in message, message
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert "injected fault" in ready["message"]
+    await env.wait(lambda: bool(events(env, "StateFailed")), "a StateFailed Event")
+    # Retried with backoff while the API server refuses: more than one attempt, not a hot loop.
+    seen = faults.injected
+    await env.wait(lambda: faults.injected >= seen + 2, "the write retried")
+    faults.remove(rule)
+    await env.wait_ready(timeout=10)
+    exporter = env.daemonsets()["nvidia-dcgm-exporter"]
+    env_vars = exporter["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    assert {"name": "DCGM_EXPORTER_DEBUG", "value": "1"} in env_vars
+
+
+async def test_deleted_operator_namespace_is_reported_not_ready(env: Env) -> None:
+    # The chart's ServiceAccount goes with the namespace: an operator running on other
+    # credentials (the admin's here) is what keeps trying to write into it.
+    env.kubeconfig = env.sim.kubeconfig_path
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    env.sim.store.delete("namespaces", NAMESPACE)
+    env.sim.store.patch(
+        POLICIES, "cluster-policy", {"spec": {"gfd": {"env": [{"name": "X", "value": "1"}]}}}
+    )
+    await env.wait(
+        lambda: (env.policy().get("status") or {}).get("state") == "notReady",
+        "policy notReady after its namespace went",
+        timeout=5,
+    )
+    message = state_of(env, "gpu-feature-discovery").get("message", "")
+    assert NAMESPACE in message or "not found" in message.lower(), message

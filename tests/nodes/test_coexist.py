@@ -1,0 +1,146 @@
+"""The coexistence detector: a cloud-managed driver, a foreign device plugin and a DRA GPU driver
+are found per node from its facts alone, and each case adapts, refuses or is ignored as
+configured, through the deploy labels the labeller writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_operator.api import ClusterPolicy, keys
+from gpu_operator.nodes import coexist, ledger
+from gpu_operator.nodes.coexist import CoexistPolicy, NodeFacts, detect
+from gpu_operator.nodes.labelling import LabelPolicy, plan_node
+
+GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+PLUGIN = keys.DEPLOY_PREFIX + "device-plugin"
+GKE = coexist.GKE_DRIVER_LABEL
+
+
+def policy(**spec: Any) -> LabelPolicy:
+    base: dict[str, Any] = {name: {} for name in ("operator", "daemonsets", "driver", "toolkit",
+        "devicePlugin", "dcgmExporter", "dcgm", "nodeStatusExporter", "gfd")}  # fmt: skip
+    base.update(spec)
+    return LabelPolicy.from_policy(
+        ClusterPolicy.model_validate({"metadata": {"name": "p"}, "spec": base})
+    )
+
+
+def test_a_plain_gpu_node_has_no_finding() -> None:
+    outcome = detect(NodeFacts(GPU), CoexistPolicy())
+    assert outcome.findings == []
+    assert outcome.overrides == {}
+    assert not outcome.refused
+
+
+@pytest.mark.parametrize("value", ["default", "latest", "R535"])
+def test_gke_installing_the_driver_is_a_managed_driver_treated_as_preinstalled(value: str) -> None:
+    outcome = detect(NodeFacts({**GPU, GKE: value}), CoexistPolicy())
+    assert [f.case for f in outcome.findings] == ["managed-driver"]
+    assert f"{GKE}={value}" in outcome.findings[0].message
+    assert outcome.overrides == {"driver": keys.DRIVER_PREINSTALLED}
+
+
+def test_gke_with_driver_installation_disabled_is_left_to_the_operator() -> None:
+    assert detect(NodeFacts({**GPU, GKE: "disabled"}), CoexistPolicy()).findings == []
+
+
+def test_admin_label_rules_mark_aks_pools_that_bring_their_driver() -> None:
+    rules = CoexistPolicy.from_env(
+        {"COEXIST_MANAGED_DRIVER_LABELS": "kubernetes.azure.com/accelerator=nvidia"}
+    )
+    aks = {**GPU, "kubernetes.azure.com/accelerator": "nvidia"}
+    assert [f.case for f in detect(NodeFacts(aks), rules).findings] == ["managed-driver"]
+    # Without the rule an AKS node created with `--gpu-driver none` looks the same: not flagged.
+    assert detect(NodeFacts(aks), CoexistPolicy()).findings == []
+
+
+def test_capacity_before_our_plugin_is_a_foreign_plugin_that_also_implies_a_driver() -> None:
+    outcome = detect(NodeFacts(GPU, gpu_capacity=4), CoexistPolicy())
+    assert [f.case for f in outcome.findings] == ["foreign-device-plugin"]
+    assert "advertises 4 nvidia.com/gpu" in outcome.findings[0].message
+    assert outcome.overrides == {"driver": keys.DRIVER_PREINSTALLED, "device-plugin": "false"}
+
+
+def test_capacity_once_our_plugin_is_deployed_is_ours() -> None:
+    labels = {**GPU, PLUGIN: "true"}
+    assert detect(NodeFacts(labels, gpu_capacity=4), CoexistPolicy()).findings == []
+
+
+def test_dra_slices_for_the_node_keep_the_device_plugin_off() -> None:
+    outcome = detect(NodeFacts(GPU, dra_slices=("n1-gpu.nvidia.com-abc",)), CoexistPolicy())
+    assert [f.case for f in outcome.findings] == ["dra-driver"]
+    assert outcome.overrides == {"device-plugin": "false"}
+
+
+def test_refuse_takes_the_node_out_and_ignore_only_reports() -> None:
+    refuse = CoexistPolicy.from_env({"COEXIST_FOREIGN_DEVICE_PLUGIN": "refuse"})
+    outcome = detect(NodeFacts(GPU, gpu_capacity=1), refuse)
+    assert outcome.refused
+    assert "deploys nothing" in outcome.findings[0].message
+    ignore = CoexistPolicy.from_env({"COEXIST_FOREIGN_DEVICE_PLUGIN": "ignore"})
+    outcome = detect(NodeFacts(GPU, gpu_capacity=1), ignore)
+    assert outcome.findings
+    assert outcome.overrides == {}
+    assert not outcome.refused
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"COEXIST_DRA_DRIVER": "skip"}, "COEXIST_DRA_DRIVER='skip': expected one of adapt"),
+        ({"COEXIST_MANAGED_DRIVER_LABELS": "a=b,=c"}, "COEXIST_MANAGED_DRIVER_LABELS: '=c'"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        CoexistPolicy.from_env(env)
+
+
+def test_the_labeller_applies_an_adapt_before_any_operand_is_deployed() -> None:
+    outcome = detect(NodeFacts(GPU, gpu_capacity=2), CoexistPolicy())
+    plan = plan_node(GPU, {}, policy(), coexist=outcome.overrides, refuse=outcome.refused)
+    assert plan.labels[keys.DEPLOY_DRIVER] == keys.DRIVER_PREINSTALLED
+    assert plan.labels[PLUGIN] == "false"
+    assert plan.labels[keys.DEPLOY_PREFIX + "container-toolkit"] == "true"
+    assert plan.conflicts == []
+
+
+def test_the_labeller_takes_every_deploy_label_off_a_refused_node() -> None:
+    ours = ledger.encode({PLUGIN: "true", keys.DEPLOY_DRIVER: "true"})
+    assert ours is not None
+    labels = {**GPU, PLUGIN: "true", keys.DEPLOY_DRIVER: "true"}
+    plan = plan_node(labels, {ledger.ANNOTATION: ours}, policy(), coexist={}, refuse=True)
+    assert plan.labels[PLUGIN] is None
+    assert plan.labels[keys.DEPLOY_DRIVER] is None
+
+
+def test_the_detectors_own_preinstalled_label_goes_when_the_evidence_goes() -> None:
+    ours = ledger.encode({keys.DEPLOY_DRIVER: keys.DRIVER_PREINSTALLED})
+    assert ours is not None
+    labels = {**GPU, keys.DEPLOY_DRIVER: keys.DRIVER_PREINSTALLED}
+    plan = plan_node(labels, {ledger.ANNOTATION: ours}, policy(), coexist={})
+    assert plan.labels[keys.DEPLOY_DRIVER] == "true"
+
+
+def test_the_driver_managers_preinstalled_label_stays_whatever_the_detector_says() -> None:
+    labels = {**GPU, keys.DEPLOY_DRIVER: keys.DRIVER_PREINSTALLED}
+    plan = plan_node(labels, {}, policy(), coexist={})
+    assert keys.DEPLOY_DRIVER not in plan.labels
+
+
+def test_summary_groups_nodes_per_case_and_action() -> None:
+    found = coexist.Finding("foreign-device-plugin", "adapt", "x")
+    text = coexist.summary({f"n{i}": [found] for i in range(5)})
+    assert text.startswith("coexistence: foreign-device-plugin on 5 node(s) (n0, n1, n2 and 2")
+    assert coexist.summary({}) == ""
+
+
+@pytest.mark.parametrize("value", ["paused-for-driver-upgrade", "custom_paused-for-driver-upgrade"])
+def test_a_device_plugin_paused_for_a_driver_install_is_still_ours(value: str) -> None:
+    # During a driver (re)install the driver manager pauses the plugin; the node's capacity stays.
+    labels = {**GPU, keys.DEPLOY_PREFIX + "device-plugin": value}
+    outcome = detect(NodeFacts(labels, gpu_capacity=8), CoexistPolicy())
+    assert outcome.findings == []
+    assert outcome.overrides == {}

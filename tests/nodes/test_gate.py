@@ -1,0 +1,80 @@
+"""The readiness gate planner: state in, plan out."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_operator.nodes import gate
+from gpu_operator.nodes.gate import GateFacts, StartupTaint
+
+TAINT = StartupTaint.parse("nvidia.com/gpu-not-ready=true:NoSchedule")
+OURS = {"key": "nvidia.com/gpu-not-ready", "value": "true", "effect": "NoSchedule"}
+OTHER = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+
+
+def test_parse_reads_key_value_and_effect() -> None:
+    assert StartupTaint("nvidia.com/gpu-not-ready", "NoSchedule", "true") == TAINT
+    assert str(TAINT) == "nvidia.com/gpu-not-ready=true:NoSchedule"
+    assert StartupTaint.parse("example.com/wait:NoExecute").value == ""
+
+
+@pytest.mark.parametrize("text", ["nvidia.com/gpu-not-ready", "=x:NoSchedule", "k=v:Sometimes"])
+def test_parse_rejects_bad_values_naming_the_variable(text: str) -> None:
+    with pytest.raises(ValueError, match="STARTUP_TAINT"):
+        StartupTaint.parse(text)
+
+
+def test_unset_or_empty_env_turns_the_gate_off() -> None:
+    assert StartupTaint.from_env({}) is None
+    assert StartupTaint.from_env({"STARTUP_TAINT": " "}) is None
+    assert StartupTaint.from_env({"STARTUP_TAINT": "a:NoSchedule"}) == StartupTaint(
+        "a", "NoSchedule"
+    )
+
+
+def test_allocatable_counts_whole_gpus_and_mig_slices() -> None:
+    assert gate.allocatable_gpus({"nvidia.com/gpu": "2", "cpu": "8"}) == 2
+    assert gate.allocatable_gpus({"nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu": "0"}) == 7
+    assert gate.allocatable_gpus({"nvidia.com/gpu": "lots"}) == 0
+    assert gate.allocatable_gpus(None) == 0
+
+
+def test_a_validated_node_loses_only_the_startup_taint() -> None:
+    facts = GateFacts(taints=[OTHER, OURS], gpu_allocatable=1, validator_ready=True)
+    plan = gate.plan(facts, TAINT)
+    assert plan.remove
+    assert plan.json_patch() == [
+        {"op": "test", "path": "/spec/taints", "value": [OTHER, OURS]},
+        {"op": "replace", "path": "/spec/taints", "value": [OTHER]},
+    ]
+
+
+def test_the_taint_matches_on_key_and_effect_whatever_its_value() -> None:
+    other_value = {**OURS, "value": "false"}
+    plan = gate.plan(GateFacts([other_value], 1, True), TAINT)
+    assert plan.remove
+    assert plan.keep == ()
+    same_key_other_effect = {**OURS, "effect": "NoExecute"}
+    assert not gate.plan(GateFacts([same_key_other_effect], 1, True), TAINT).remove
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "ready", "lacking"),
+    [
+        (0, True, "allocatable nvidia.com/gpu"),
+        (2, False, "a Ready nvidia-operator-validator pod"),
+        (0, False, "allocatable nvidia.com/gpu (or nvidia.com/mig-*) and a Ready"),
+    ],
+)
+def test_a_node_not_yet_validated_keeps_the_taint(
+    allocatable: int, ready: bool, lacking: str
+) -> None:
+    plan = gate.plan(GateFacts([OURS], allocatable, ready), TAINT)
+    assert not plan.remove
+    assert lacking in plan.waiting_for
+
+
+def test_the_gate_never_acts_when_off_or_when_the_taint_is_gone() -> None:
+    assert not gate.plan(GateFacts([OURS], 1, True), None).remove
+    assert not gate.plan(GateFacts([OTHER], 1, True), TAINT).remove
+    assert gate.plan(GateFacts([OTHER], 0, False), TAINT).waiting_for == ""
