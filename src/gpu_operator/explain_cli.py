@@ -108,7 +108,7 @@ def node_command(
     if output is Output.json:
         typer.echo(json.dumps(verdict.to_dict(), indent=2))
     else:
-        Console(highlight=False, soft_wrap=True).print(tree(verdict))
+        Console(highlight=False).print(tree(verdict))
     raise typer.Exit(0 if verdict.usable else 1)
 
 
@@ -160,7 +160,7 @@ def policy_command(
             mark = MARKS[marks.get(state["state"], "skipped")]
             text = f" ({escape(state['message'])})" if state["message"] else ""
             root.add(f"{mark} {escape(state['name'])}: {state['state']}{text}")
-        Console(highlight=False, soft_wrap=True).print(root)
+        Console(highlight=False).print(root)
     if policy is None:
         raise typer.Exit(2)
     raise typer.Exit(0 if ready else 1)
