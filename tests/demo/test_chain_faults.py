@@ -6,9 +6,7 @@ test_validator_demo)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import io
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubesim_helpers import KUBECTL, needs_kubectl
-from rich.console import Console
+from demo_served import run_kubectl, serve_demo
+from kubesim_helpers import needs_kubectl
 
 import kubesim
 from gpu_operator import nvml
@@ -41,13 +39,9 @@ class Demo:
     kubeconfig: Path
 
     async def kubectl(self, *args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            str(KUBECTL), "--kubeconfig", str(self.kubeconfig), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, out.decode()
-        return out.decode()
+        code, out = await run_kubectl(self.kubeconfig, *args)
+        assert code == 0, out
+        return out
 
     def pods(self, app: str) -> list[dict[str, Any]]:
         return [
@@ -114,30 +108,12 @@ def policy(section: str, **env: str) -> dict[str, Any]:
 
 @asynccontextmanager
 async def served(tmp_path: Path, policy: dict[str, Any]) -> AsyncIterator[Demo]:
-    ready: asyncio.Future[tuple[kubesim.Cluster, programs.Programs]] = (
-        asyncio.get_running_loop().create_future()
-    )
-    buffer = io.StringIO()
-    options = session.Options(
-        fleet=fleet.parse({"pools": [{"name": "a100", "machine": "dgx-a100"}]}, "v.yaml"),
+    async with serve_demo(
+        tmp_path,
+        fleet.parse({"pools": [{"name": "a100", "machine": "dgx-a100"}]}, "v.yaml"),
         policy=policy,
-        serve=True,
-        kubeconfig_out=tmp_path / "kubeconfig",
-        timing=programs.Timing(scale=0.0),
-        timeout=60.0,
-        live=False,
-        on_serving=lambda sim, nodes: ready.set_result((sim, nodes)),
-    )
-    task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
-    try:
-        waiters: set[asyncio.Future[Any]] = {task, ready}
-        done, _ = await asyncio.wait(waiters, timeout=90, return_when="FIRST_COMPLETED")
-        assert ready in done, buffer.getvalue()
-        sim, nodes = ready.result()
-        yield Demo(sim, nodes, tmp_path / "kubeconfig")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    ) as (sim, nodes, kubeconfig):
+        yield Demo(sim, nodes, kubeconfig)
 
 
 async def test_a_missing_cdi_spec_fails_toolkit_validation_and_the_policy_names_it(

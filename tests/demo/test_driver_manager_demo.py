@@ -7,7 +7,6 @@ everything; its log tells that story."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 from collections.abc import AsyncIterator
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from demo_served import serve_demo
 from kubesim_helpers import KUBECTL, needs_kubectl
-from rich.console import Console
 
 import kubesim
 from gpu_operator.agents.pci import simulated
@@ -113,28 +112,9 @@ class Demo:
 
 @asynccontextmanager
 async def demo(tmp_path: Path) -> AsyncIterator[Demo]:
-    ready: asyncio.Future[tuple[kubesim.Cluster, programs.Programs]] = (
-        asyncio.get_running_loop().create_future()
-    )
-    buffer = io.StringIO()
-    options = session.Options(
-        fleet=fleet.parse({"pools": [{"name": "t4", "machine": "t4x4"}]}, "upgrade.yaml"),
-        serve=True,
-        kubeconfig_out=tmp_path / "kubeconfig",
-        timing=programs.Timing(scale=0.0),
-        timeout=60.0,
-        live=False,
-        on_serving=lambda sim, nodes: ready.set_result((sim, nodes)),
-    )
-    task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
-    try:
-        done, _ = await asyncio.wait({task, ready}, timeout=90, return_when="FIRST_COMPLETED")
-        assert ready in done, buffer.getvalue()
-        sim, nodes = ready.result()
-        yield Demo(sim, nodes, tmp_path / "kubeconfig")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    t4 = fleet.parse({"pools": [{"name": "t4", "machine": "t4x4"}]}, "upgrade.yaml")
+    async with serve_demo(tmp_path, t4) as (sim, nodes, kubeconfig):
+        yield Demo(sim, nodes, kubeconfig)
 
 
 async def test_a_driver_upgrade_is_told_by_the_driver_managers_log(tmp_path: Path) -> None:

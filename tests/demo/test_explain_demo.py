@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from demo_served import serve_demo
 from kubesim_helpers import KUBECTL, needs_kubectl
-from rich.console import Console
 
 import kubesim
-from gpu_operator.demo import fleet, programs, session
+from gpu_operator.demo import fleet, session
 
 pytestmark = needs_kubectl
 NS = session.NAMESPACE
@@ -78,30 +78,9 @@ class Demo:
 async def served(
     pools: list[dict[str, Any]] | str, tmp_path: Path, *, timeout: float = 60.0
 ) -> AsyncIterator[Demo]:
-    ready: asyncio.Future[tuple[kubesim.Cluster, programs.Programs]] = (
-        asyncio.get_running_loop().create_future()
-    )
     chosen = fleet.NAMED[pools] if isinstance(pools, str) else fleet.parse({"pools": pools})
-    options = session.Options(
-        fleet=chosen,
-        serve=True,
-        kubeconfig_out=tmp_path / "kubeconfig",
-        timing=programs.Timing(scale=0.0),
-        timeout=timeout,
-        live=False,
-        on_serving=lambda sim, nodes: ready.set_result((sim, nodes)),
-    )
-    buffer = io.StringIO()
-    task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
-    try:
-        waiters: set[asyncio.Future[Any]] = {task, ready}
-        done, _ = await asyncio.wait(waiters, timeout=timeout + 30, return_when="FIRST_COMPLETED")
-        assert ready in done, buffer.getvalue()
-        sim, _nodes = ready.result()
-        yield Demo(sim, tmp_path / "kubeconfig")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    async with serve_demo(tmp_path, chosen, timeout=timeout, wait=timeout + 30) as (sim, _, kc):
+        yield Demo(sim, kc)
 
 
 A100 = [{"name": "a100", "machine": "dgx-a100"}, {"name": "cpu"}]

@@ -201,14 +201,14 @@ async def test_an_unwritable_runtime_config_fails_the_toolkit_and_the_policy_nam
 ) -> None:
     async with served(tmp_path) as demo:
         node = "a100-1"
+        # The drop-in's path becomes a directory (a broken node image): no toolkit can write its
+        # settings there. (The test shares the demo's event loop: nothing runs in between.)
         drop_in = demo.file(node, DROP_IN)
+        drop_in.unlink()
+        drop_in.mkdir()
         await demo.kubectl(
             "-n", session.NAMESPACE, "delete", "pod", demo.toolkit_pod(node), "--wait=false"
         )
-        # Once the old pod restored the node, the drop-in's path becomes a directory (a broken
-        # node image): the next toolkit cannot write its settings there.
-        await demo.until(lambda: not drop_in.exists(), "the old toolkit pod to restore the node")
-        drop_in.mkdir()
 
         def toolkit_status() -> str:
             policy = demo.sim.store.get("clusterpolicies.nvidia.com", session.POLICY_NAME) or {}
@@ -220,7 +220,7 @@ async def test_an_unwritable_runtime_config_fails_the_toolkit_and_the_policy_nam
         await demo.until(
             lambda: "configuring containerd failed" in toolkit_status(),
             "the ClusterPolicy status names the toolkit's failure",
-            timeout=30,
+            timeout=60,
             shown=toolkit_status,
         )
         status = toolkit_status()

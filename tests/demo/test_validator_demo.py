@@ -5,19 +5,17 @@ status names the node and the reason; a GPU reset brings the node back."""
 
 from __future__ import annotations
 
-import asyncio
-import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubesim_helpers import KUBECTL, needs_kubectl
-from rich.console import Console
+from demo_served import run_kubectl, serve_demo
+from kubesim_helpers import needs_kubectl
 
 import kubesim
-from gpu_operator.demo import fleet, programs, session
+from gpu_operator.demo import fleet, session
 from gpu_operator.demo import validator as validator_demo
 
 pytestmark = needs_kubectl
@@ -35,13 +33,9 @@ class Demo:
     kubeconfig: Path
 
     async def kubectl(self, *args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            str(KUBECTL), "--kubeconfig", str(self.kubeconfig), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, out.decode()
-        return out.decode()
+        code, out = await run_kubectl(self.kubeconfig, *args)
+        assert code == 0, out
+        return out
 
     def pods(self, app: str) -> list[dict[str, Any]]:
         return [
@@ -89,29 +83,10 @@ def test_a_shell_wait_loop_is_read_for_its_files_and_words() -> None:
 
 @asynccontextmanager
 async def served(tmp_path: Path) -> AsyncIterator[Demo]:
-    ready: asyncio.Future[tuple[kubesim.Cluster, programs.Programs]] = (
-        asyncio.get_running_loop().create_future()
-    )
-    buffer = io.StringIO()
-    options = session.Options(
-        fleet=fleet.parse({"pools": [{"name": "a100", "machine": "dgx-a100"}]}, "v.yaml"),
-        serve=True,
-        kubeconfig_out=tmp_path / "kubeconfig",
-        timing=programs.Timing(scale=0.0),
-        timeout=60.0,
-        live=False,
-        on_serving=lambda sim, nodes: ready.set_result((sim, nodes)),
-    )
-    task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
-    try:
-        waiters: set[asyncio.Future[Any]] = {task, ready}
-        done, _ = await asyncio.wait(waiters, timeout=90, return_when="FIRST_COMPLETED")
-        assert ready in done, buffer.getvalue()
-        sim, _nodes = ready.result()
-        yield Demo(sim, tmp_path / "kubeconfig")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    async with serve_demo(
+        tmp_path, fleet.parse({"pools": [{"name": "a100", "machine": "dgx-a100"}]}, "v.yaml")
+    ) as (sim, _nodes, kubeconfig):
+        yield Demo(sim, kubeconfig)
 
 
 async def test_each_validation_init_container_tells_its_check_and_writes_its_marker(
