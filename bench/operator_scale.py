@@ -93,6 +93,20 @@ def labelled(sim: kubesim.Cluster, name: str) -> bool:
     return bool(labels.get(keys.GPU_PRESENT) == "true")
 
 
+def start_operator(sim: kubesim.Cluster, **env: str) -> subprocess.Popen[bytes]:
+    """The operator as its own process (as in a cluster), with fake operand images and `env`."""
+    images = {name: f"registry.local/{name.lower()}:v1" for name in set(IMAGE_ENV.values())}
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "gpu_operator", "controller",
+            "--kubeconfig", str(sim.kubeconfig_path), "--namespace", NAMESPACE,
+            "--metrics-bind-address", "127.0.0.1:0",
+            "--health-probe-bind-address", "127.0.0.1:0", "--log-level", "warning",
+        ],
+        env={**os.environ, **images, **env},
+    )  # fmt: skip
+
+
 async def freeze_survivors(period: float = 1.0) -> None:
     """Move what survived into the collector's permanent generation every `period` seconds.
 
@@ -151,17 +165,7 @@ async def run_size(
             gc.collect()
             gc.freeze()  # the nodes live as long as the run: no collector passes over them
             freezer = asyncio.get_running_loop().create_task(freeze_survivors())
-        env = {**os.environ, **{name: f"registry.local/{name.lower()}:v1"
-                                for name in set(IMAGE_ENV.values())}}  # fmt: skip
-        operator = subprocess.Popen(
-            [
-                sys.executable, "-m", "gpu_operator", "controller",
-                "--kubeconfig", str(sim.kubeconfig_path), "--namespace", NAMESPACE,
-                "--metrics-bind-address", "127.0.0.1:0",
-                "--health-probe-bind-address", "127.0.0.1:0", "--log-level", "warning",
-            ],
-            env=env,
-        )  # fmt: skip
+        operator = start_operator(sim)
         try:
             # Let the operator list and open its watches before the clock starts.
             await sim.wait_for(lambda: sim.stats.count("watch", "nodes") > 0, 600, "operator up")

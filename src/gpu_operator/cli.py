@@ -338,6 +338,14 @@ def controller(
     ),
     log_level: LogLevel = typer.Option(LogLevel.info, help="Log level."),
     log_format: LogFormat = typer.Option(LogFormat.text, help="text, or json for log pipelines."),
+    status_write_interval: float = typer.Option(
+        1.0,
+        envvar="STATUS_WRITE_INTERVAL",
+        min=0.0,
+        max=60.0,
+        help="Seconds between status writes to one ClusterPolicy or NVIDIADriver; the newest "
+        "status is written when they pass, a new failure at once (0: every change).",
+    ),
 ) -> None:
     """Run the operator: reconcile ClusterPolicy, label GPU nodes, deploy the operands."""
     if not namespace:
@@ -357,6 +365,7 @@ def controller(
                 leader_elect=leader_elect,
                 metrics_address=metrics_bind_address,
                 health_address=health_probe_bind_address,
+                status_write_interval=status_write_interval,
             )
         )
     except ConnectError as exc:
@@ -440,8 +449,8 @@ def demo_command(
     fleet: str | None = typer.Option(
         None,
         "--fleet",
-        help="A named fleet (default, small, hopper, inference, mig, kubevirt, aks-preinstalled)"
-        " or a fleet file.",
+        help="A named fleet (default, small, hopper, inference, mig, kubevirt, aks-preinstalled,"
+        " autoscaled) or a fleet file.",
     ),
     nodes: int | None = typer.Option(
         None, "--nodes", min=1, help="Scale the fleet's pools to about this many nodes."

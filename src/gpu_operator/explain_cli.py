@@ -87,6 +87,8 @@ def tree(verdict: explain.Verdict) -> Tree:
     for link_id, title in explain.CHAIN:
         if link_id not in reached:
             root.add(f"[dim]· {title}: not reached[/]")
+    if verdict.startup_gate and verdict.failed is not None and verdict.failed.id != "gate":
+        root.add(f"[yellow]startup gate:[/] {escape(verdict.startup_gate)}")
     return root
 
 
@@ -173,7 +175,10 @@ def must_gather_command(
     kubeconfig: str | None = KUBECONFIG,
     namespace: str | None = NAMESPACE,
     timeout: float = typer.Option(
-        300.0, "--timeout", min=1.0, help="Stop reading logs after this many seconds."
+        300.0, "--timeout", min=1.0, help="Deadline; logs not read by then are left out."
+    ),
+    parallel: int = typer.Option(
+        16, "--parallel", min=1, max=256, help="Log reads in flight at once."
     ),
 ) -> None:
     """One tar.gz for a bug report: operator and operand logs (current and previous), DaemonSets,
@@ -194,7 +199,9 @@ def must_gather_command(
             bar.update(task, description=f"reading {step}", completed=done, total=total)
 
         async def work(client: Any) -> Any:
-            return await must_gather.gather(client, namespace, deadline=timeout, progress=progress)
+            return await must_gather.gather(
+                client, namespace, deadline=timeout, parallel=parallel, progress=progress
+            )
 
         archive = run_api(kubeconfig, work)
     data = archive.tar_gz()
@@ -203,5 +210,9 @@ def must_gather_command(
     except OSError as exc:
         err.print(f"error: {target}: {exc.strerror or exc}", markup=False)
         raise typer.Exit(2) from None
-    left = f"; left out: {'; '.join(archive.left_out)}" if archive.left_out else ""
+    left = ""
+    if len(archive.left_out) > 3:  # thousands of cut logs at the deadline: MANIFEST.txt has them
+        left = f"; left out: {len(archive.left_out)} items (listed in MANIFEST.txt)"
+    elif archive.left_out:
+        left = f"; left out: {'; '.join(archive.left_out)}"
     typer.echo(f"wrote {target}: {len(archive.files)} files, {len(data)} bytes{left}")

@@ -673,6 +673,13 @@ COLUMNS: dict[str, list[Column]] = {
         ("PreemptionPolicy", "string", 0, lambda o: o.get("preemptionPolicy") or ""),
     ],
     "runtimeclasses": [NAME, ("Handler", "string", 0, lambda o: o.get("handler", "")), AGE],
+    "resourceslices": [
+        NAME,
+        ("Node", "string", 0, lambda o: _get(o, "spec", "nodeName") or ""),
+        ("Driver", "string", 0, lambda o: _get(o, "spec", "driver") or ""),
+        ("Pool", "string", 0, lambda o: _get(o, "spec", "pool", "name") or ""),
+        AGE,
+    ],
     "roles": [NAME, ("Created At", "date", 0, created_at)],
     "clusterroles": [NAME, ("Created At", "date", 0, created_at)],
     "rolebindings": [

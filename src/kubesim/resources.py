@@ -318,6 +318,9 @@ BUILTINS: tuple[ResourceType, ...] = (
     _rt("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     _rt("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     _rt("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
+    # Dynamic resource allocation: DRA drivers publish their devices per node (GA in 1.34).
+    # Stored only: nothing allocates claims against them.
+    _rt("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
     # Review kinds are virtual: a create is answered and nothing is stored.
     _rt(
         "authorization.k8s.io",

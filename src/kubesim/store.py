@@ -8,11 +8,12 @@ import binascii
 import datetime as dt
 import json
 import random
+import sys
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -73,8 +74,28 @@ _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes."""
+# The real server's JSON decoder takes 10,000 levels (request_limits), so it stores and serves
+# objects nested that deep. Both Python codecs count each level against the interpreter's
+# recursion limit (1,000 by default); an object deeper than that is encoded or decoded again
+# with this limit, which covers 10,000 levels plus the caller's own frames. Each level costs the
+# C codecs well under a kilobyte of stack, so 8 MiB holds it.
+DEEP_RECURSION_LIMIT = 25_000
+
+_T = TypeVar("_T")
+
+
+def _deep(codec: Callable[[], _T]) -> _T:
+    """Run a codec call that met the recursion limit again under DEEP_RECURSION_LIMIT (only
+    for that call: no await happens inside, so nothing else runs under the raised limit)."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(before, DEEP_RECURSION_LIMIT))
+    try:
+        return codec()
+    finally:
+        sys.setrecursionlimit(before)
+
+
+def _encode(obj: Any) -> bytes:
     try:
         # Into a buffer, then an exact-size copy: encode()'s result keeps its spare capacity,
         # about a third more memory for every stored object.
@@ -86,9 +107,29 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes (objects nested up to the real server's 10,000 levels included)."""
+    try:
+        return _encode(obj)
+    except RecursionError:
+        return _deep(lambda: _encode(obj))
+
+
 def loads(raw: bytes) -> Any:
     """Parse JSON this module wrote (a deep copy of an object is `loads(dumps(obj))`)."""
-    return _DECODER.decode(raw)
+    try:
+        return _DECODER.decode(raw)
+    except RecursionError:
+        return _deep(lambda: _DECODER.decode(raw))
+
+
+def _json_copy(obj: Any) -> Any:
+    """A deep copy through the json module (Python ints of any size survive), deep objects too."""
+    raw = dumps(obj)
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        return _deep(lambda: json.loads(raw))
 
 
 class Stored:
@@ -814,7 +855,7 @@ class Store:
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create an object from a dict with apiVersion and kind."""
         rt = self.registry.for_object(obj)
-        return self.insert(rt, json.loads(dumps(obj))).copy()
+        return self.insert(rt, _json_copy(obj)).copy()
 
     def update(self, obj: dict[str, Any], *, status: bool = False) -> dict[str, Any]:
         """Replace an object (or only its status); a stale resourceVersion raises Conflict."""
@@ -822,7 +863,7 @@ class Store:
         meta = obj.get("metadata") or {}
         stored = self.replace(
             rt,
-            json.loads(dumps(obj)),
+            _json_copy(obj),
             namespace=meta.get("namespace", ""),
             name=meta.get("name", ""),
             subresource="status" if status else None,

@@ -243,7 +243,8 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
             "jsonpath={.status.states[?(@.name=='state-dcgm-exporter')].message}",
         )  # fmt: skip
         assert f"ConfigMap '{CM}' in namespace '{NAMESPACE}' has no key 'dcgm-metrics.csv'" in shown
-        events = await demo.kubectl("get", "events", "-n", NAMESPACE)
+        # Events about the (cluster-scoped) ClusterPolicy live in `default`, as client-go puts them.
+        events = await demo.kubectl("get", "events", "-n", "default")
         assert "StateFailed" in events
         after = demo.sim.store.get("daemonsets", exporters.DCGM_EXPORTER_APP, NAMESPACE)
         assert generation is not None

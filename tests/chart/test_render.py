@@ -97,6 +97,8 @@ SETUPS: dict[str, dict[str, Any]] = {
                                      "podDeletion": {"force": True, "timeoutSeconds": 600,
                                                      "deleteEmptyDir": True}}},
     },
+    # The startup taint goes to the operator's env (tests/chart/test_startup_taint_values.py).
+    "startup-taint-values.yaml": {"daemonsets": {"priorityClassName": "system-node-critical"}},
     "custom-registry-values.yaml": {
         "driver": {"repository": "registry.example.com/nvidia", "imagePullSecrets": ["regcred"]},
         "toolkit": {"repository": "registry.example.com/nvidia/k8s"},

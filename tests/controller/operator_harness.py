@@ -16,6 +16,7 @@ from gpu_operator.controller.operator import Operator, Settings
 from gpu_operator.kube import client as kube_client
 
 NAMESPACE = "gpu-operator"
+TEST_STATUS_WINDOW = 0.2
 OPERATOR_ENV = {
     name: f"registry.local/{name.lower().replace('_image', '')}:v1"
     for name in set(IMAGE_ENV.values())
@@ -83,6 +84,9 @@ class Env:
         await self.wait(ready, f"ClusterPolicy {name} ready", timeout)
 
     def start_operator(self, **settings: Any) -> Operator:
+        # A shorter status window than the default 1 s keeps these step-by-step scenarios quick;
+        # tests/controller/test_status_coalescing.py runs the default window.
+        settings.setdefault("status_write_interval", TEST_STATUS_WINDOW)
         client = kube_client.connect(str(self.kubeconfig or self.sim.kubeconfig_path))
         operator = Operator(
             client,

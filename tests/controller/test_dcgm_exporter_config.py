@@ -33,7 +33,7 @@ def exporter_state(env: Env) -> dict[str, Any]:
 
 
 def failure_events(env: Env) -> list[str]:
-    events = env.sim.store.list("events", namespace=NAMESPACE)
+    events = env.sim.store.list("events", namespace="default")  # the policy is cluster-scoped
     return [
         e["message"]
         for e in events

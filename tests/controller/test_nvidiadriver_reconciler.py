@@ -53,7 +53,7 @@ def driver_pods(env: Env) -> list[dict[str, Any]]:
 
 
 def events(env: Env, reason: str) -> list[dict[str, Any]]:
-    found = env.sim.store.list("events", namespace=NAMESPACE)
+    found = env.sim.store.list("events", namespace="default")  # NVIDIADrivers are cluster-scoped
     return [e for e in found if e.get("reason") == reason]
 
 

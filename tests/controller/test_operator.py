@@ -159,9 +159,7 @@ async def test_human_deploy_label_is_not_overwritten(env: Env) -> None:
     env.start_operator()
     await env.wait_ready()
     assert env.node_labels("gpu-1")[keys.DEPLOY_PREFIX + "dcgm-exporter"] == "false"
-    events = env.sim.store.list("events", namespace=NAMESPACE) + env.sim.store.list(
-        "events", namespace="default"
-    )
+    events = env.sim.store.list("events", namespace="default")  # about a Node: in `default`
     assert any(e["reason"] == "LabelLeftAlone" for e in events)
     message = conditions(env.policy()["status"])["Ready"]["message"]
     assert "set by someone else" in message
@@ -362,9 +360,7 @@ async def test_outdated_crd_schema_is_refused_with_a_condition(env: Env) -> None
     await env.wait(refused, "CRDSchemaOutdated condition")
     assert "gpu-operator crds --apply" in conditions(env.policy()["status"])["Error"]["message"]
     assert not env.daemonsets()
-    events = env.sim.store.list("events", namespace="default") + env.sim.store.list(
-        "events", namespace=NAMESPACE
-    )
+    events = env.sim.store.list("events", namespace="default")  # about the ClusterPolicy
     assert any(e["reason"] == "CRDSchemaOutdated" for e in events)
 
 

@@ -265,7 +265,7 @@ async def test_a_driver_change_rolls_through_twelve_nodes_within_the_limits_and_
         "get",
         "events",
         "-n",
-        NAMESPACE,
+        "default",  # Events about Nodes go to `default`, as client-go records them
         "--field-selector",
         f"reason={states.EVENT_REASON},involvedObject.name={PDB_NODE}",
         "-o",

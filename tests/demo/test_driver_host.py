@@ -23,6 +23,7 @@ from rich.console import Console
 import kubesim
 from gpu_operator.agents.pci import simulated
 from gpu_operator.demo import fleet, programs, session
+from gpu_operator.nodes.coexist import CoexistPolicy
 
 pytestmark = needs_kubectl
 
@@ -294,10 +295,72 @@ async def test_precompiled_drivers_are_signed_and_fail_on_a_kernel_they_were_not
         assert simulated.nvidia_version(root) is None
 
 
-async def test_aks_nodes_with_a_preinstalled_driver_are_reported_and_left_alone(
+async def test_aks_preinstalled_drivers_are_found_by_nfd_before_any_driver_pod_starts(
     tmp_path: Path,
 ) -> None:
     async with served("aks-preinstalled", tmp_path) as demo:
+        gpu_nodes = ["t4-1", "t4-2"]
+        # NFD's NodeFeature of each node lists the nvidia module the node image loaded; the
+        # operator read it and labelled the nodes itself, before deploying anything there.
+        labels = await demo.ok(
+            "get", "nodes", *gpu_nodes, "-L", "nvidia.com/gpu.deploy.driver", "--no-headers"
+        )
+        assert labels.count("pre-installed") == 2, labels
+        modules = await demo.ok(
+            "-n", NS, "get", "nodefeatures", "t4-1", "-o",
+            "jsonpath={.spec.features.flags.kernel\\.loadedmodule.elements}",
+        )  # fmt: skip
+        assert '"nvidia"' in modules, modules
+        # No driver pod was ever created, on any node: the DaemonSet controller records every
+        # pod it creates as an Event, and the driver DaemonSet schedules nowhere.
+        created = await demo.ok(
+            "-n", NS, "get", "events", "--field-selector",
+            f"involvedObject.name={DRIVER_APP},reason=SuccessfulCreate", "-o", "name",
+        )  # fmt: skip
+        assert created.strip() == "", created
+        desired = await demo.ok(
+            "-n", NS, "get", "daemonset", DRIVER_APP, "-o",
+            "jsonpath={.status.desiredNumberScheduled}",
+        )  # fmt: skip
+        assert desired == "0", desired
+        pods = await demo.ok("-n", NS, "get", "pods", "-o", "wide")
+        assert DRIVER_APP not in pods, pods
+
+        # One Warning per node names the module and the NodeFeature it was seen in.
+        events = await demo.ok(
+            "get", "events", "-A", "--field-selector", "reason=CoexistenceConflict", "-o",
+            "jsonpath={range .items[*]}{.type} {.involvedObject.name}: {.message}{\"\\n\"}{end}",
+        )  # fmt: skip
+        lines = sorted(events.strip().splitlines())
+        assert [line.split(":")[0] for line in lines] == ["Warning t4-1", "Warning t4-2"], events
+        for node, line in zip(gpu_nodes, lines, strict=True):
+            assert (
+                f"managed-driver: NFD saw the kernel module nvidia loaded (NodeFeature {NS}/{node}"
+                in line
+            ), line
+            assert "the operator treats the driver as pre-installed here" in line
+        described = await demo.ok("describe", "node", "t4-1")
+        assert "CoexistenceConflict" in described, described
+        policy = await demo.ok("describe", "clusterpolicy", session.POLICY_NAME)
+        assert "coexistence: managed-driver on 2 node(s) (t4-1, t4-2): adapt" in policy, policy
+        assert "PreinstalledDriver" not in await demo.ok("get", "events", "-A")
+
+        # The host's driver serves the chain: GPUs are allocatable through it.
+        for node in gpu_nodes:
+            allocatable = await demo.ok(
+                "get", "node", node, "-o", "jsonpath={.status.allocatable.nvidia\\.com/gpu}"
+            )
+            assert allocatable == "4", (node, allocatable)
+        assert simulated.nvidia_version(demo.root("t4-1")) == "570.195.03"
+
+
+async def test_aks_nodes_with_a_preinstalled_driver_are_reported_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    # With the detector told to ignore managed drivers, the driver pods start and
+    # k8s-driver-manager finds the host's driver (the path of a module loaded after NFD looked).
+    ignore = {"coexist": CoexistPolicy(managed_driver="ignore")}
+    async with served("aks-preinstalled", tmp_path, operator_settings=ignore) as demo:
         gpu_nodes = ["t4-1", "t4-2"]
         # k8s-driver-manager (the driver pod's init container) found the host's driver and
         # labelled the node; the driver DaemonSet left it.

@@ -22,6 +22,7 @@ from kubesim_helpers import KUBECTL, needs_kubectl
 
 import kubesim
 from gpu_operator.demo import fleet, session
+from gpu_operator.nodes.coexist import CoexistPolicy
 
 pytestmark = needs_kubectl
 NS = session.NAMESPACE
@@ -76,11 +77,12 @@ class Demo:
 
 @asynccontextmanager
 async def served(
-    pools: list[dict[str, Any]] | str, tmp_path: Path, *, timeout: float = 60.0
+    pools: list[dict[str, Any]] | str, tmp_path: Path, *, timeout: float = 60.0, **options: Any
 ) -> AsyncIterator[Demo]:
     chosen = fleet.NAMED[pools] if isinstance(pools, str) else fleet.parse({"pools": pools})
-    async with serve_demo(tmp_path, chosen, timeout=timeout, wait=timeout + 30) as (sim, _, kc):
-        yield Demo(sim, kc)
+    wait = timeout + 30
+    async with serve_demo(tmp_path, chosen, timeout=timeout, wait=wait, **options) as served_:
+        yield Demo(served_[0], served_[2])
 
 
 A100 = [{"name": "a100", "machine": "dgx-a100"}, {"name": "cpu"}]
@@ -166,9 +168,24 @@ async def test_explain_names_an_unwritable_containerd_drop_in(tmp_path: Path) ->
         assert "configuring containerd failed" in json.dumps(failed), failed
 
 
+async def test_explain_says_nfd_found_the_aks_preinstalled_driver_and_the_node_works(
+    tmp_path: Path,
+) -> None:
+    async with served("aks-preinstalled", tmp_path) as demo:
+        code, verdict = await demo.explain("t4-1")
+        assert code == 0, json.dumps(verdict, indent=1)
+        driver = next(link for link in verdict["links"] if link["id"] == "driver")
+        assert driver["status"] == "ok", driver
+        text = json.dumps(driver["evidence"])
+        assert "set by the operator's coexistence detector" in text, text
+        assert "NFD saw the kernel module nvidia loaded (NodeFeature gpu-operator/t4-1" in text
+
+
 @pytest.mark.slow
 async def test_explain_names_an_aks_preinstalled_driver(tmp_path: Path) -> None:
-    async with served("aks-preinstalled", tmp_path) as demo:
+    # The detector told to ignore it: the driver manager finds the host driver instead.
+    ignore = {"coexist": CoexistPolicy(managed_driver="ignore")}
+    async with served("aks-preinstalled", tmp_path, operator_settings=ignore) as demo:
         verdict = await demo.until_link("t4-1", "driver")
         failed = verdict["links"][-1]
         assert "preinstalled NVIDIA driver while driver.enabled=true" in failed["summary"]

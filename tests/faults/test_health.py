@@ -43,9 +43,10 @@ async def test_a_stuck_reconcile_fails_liveness(env: Env) -> None:
     app = endpoints.health_app(lambda: health.readiness(rt), lambda: health.liveness(rt))
     async with TestClient(TestServer(app)) as http:
         assert (await http.get("/healthz")).status == 200
-        # Every status write now hangs for a long time: the policy's pass cannot finish.
+        # Every status write now hangs for ten times the stuck limit: the policy's pass cannot
+        # finish (and the teardown waits out only this much for the hanging write).
         rule = env.sim.faults.add(
-            verb="patch", resource="clusterpolicies.nvidia.com/status", latency=30, error_rate=0
+            verb="patch", resource="clusterpolicies.nvidia.com/status", latency=5, error_rate=0
         )
         env.sim.store.patch(
             "clusterpolicies.nvidia.com", "cluster-policy", {"spec": {"gfd": {"enabled": False}}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kubesim_helpers import kubectl, needs_kubectl
 from operator_harness import NAMESPACE, Env, policy
 
 POLICIES = "clusterpolicies.nvidia.com"
@@ -16,7 +17,8 @@ def state_of(env: Env, name: str) -> dict[str, Any]:
 
 
 def events(env: Env, reason: str) -> list[dict[str, Any]]:
-    found = env.sim.store.list("events", namespace=NAMESPACE)
+    # Events about the cluster-scoped ClusterPolicy go to `default`, as client-go records them.
+    found = env.sim.store.list("events", namespace="default")
     return [e for e in found if e.get("reason") == reason]
 
 
@@ -74,3 +76,36 @@ async def test_deleted_operator_namespace_is_reported_not_ready(env: Env) -> Non
     )
     message = state_of(env, "gpu-feature-discovery").get("message", "")
     assert NAMESPACE in message or "not found" in message.lower(), message
+
+
+@needs_kubectl
+async def test_state_failed_event_outlives_the_deleted_operator_namespace(env: Env) -> None:
+    # Events about the ClusterPolicy are recorded in `default` (client-go's rule for
+    # cluster-scoped objects), so the failure stays visible once the operator's namespace is gone.
+    env.kubeconfig = env.sim.kubeconfig_path
+    env.sim.store.create(policy())
+    env.start_operator()
+    await env.wait_ready()
+    env.sim.store.delete("namespaces", NAMESPACE)
+    env.sim.store.patch(
+        POLICIES, "cluster-policy", {"spec": {"gfd": {"env": [{"name": "X", "value": "2"}]}}}
+    )
+
+    def about_the_policy() -> list[dict[str, Any]]:
+        return [
+            e for e in events(env, "StateFailed") if e["involvedObject"]["kind"] == "ClusterPolicy"
+        ]
+
+    await env.wait(lambda: bool(about_the_policy()), "a StateFailed Event in default", timeout=5)
+    event = about_the_policy()[0]
+    assert event["involvedObject"]["name"] == "cluster-policy"
+    assert event["type"] == "Warning"
+    # Which state's write fails first varies; each says the namespace is gone.
+    assert f'namespaces "{NAMESPACE}" not found' in event["message"], event["message"]
+    # What a user sees: the Event under the ClusterPolicy, and in `default`.
+    described = await kubectl(env.sim, "describe", "clusterpolicy", "cluster-policy")
+    assert "StateFailed" in described, described
+    listed = await kubectl(
+        env.sim, "get", "events", "-n", "default", "--field-selector", "reason=StateFailed"
+    )
+    assert "clusterpolicy/cluster-policy" in listed, listed

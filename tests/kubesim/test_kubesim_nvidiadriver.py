@@ -231,7 +231,8 @@ async def test_hand_over_from_the_cluster_policy_keeps_identical_driver_pods(
         owner = pod["metadata"]["ownerReferences"][0]
         assert owner["kind"] == "DaemonSet"
         assert owner["name"].startswith("nvidia-gpu-driver-ubuntu22.04-")
-    events = await kubectl(cluster, "get", "events", "-n", NAMESPACE,
+    # About the cluster-scoped NVIDIADriver: in `default`, as client-go records such Events.
+    events = await kubectl(cluster, "get", "events", "-n", "default",
                            "--field-selector", "reason=DriverPodsAdopted")  # fmt: skip
     assert "without a restart" in events
     # The A100 pool runs another driver: that node goes through the upgrade flow instead.

@@ -130,6 +130,54 @@ def test_the_driver_managers_preinstalled_label_stays_whatever_the_detector_says
     assert keys.DEPLOY_DRIVER not in plan.labels
 
 
+def test_a_loaded_nvidia_module_before_the_operator_deployed_a_driver_is_a_managed_driver() -> None:
+    outcome = detect(NodeFacts(GPU, driver_loaded="NodeFeature nfd/aks-1"), CoexistPolicy())
+    assert [f.case for f in outcome.findings] == ["managed-driver"]
+    assert "NFD saw the kernel module nvidia loaded (NodeFeature nfd/aks-1" in (
+        outcome.findings[0].message
+    )
+    assert outcome.overrides == {"driver": keys.DRIVER_PREINSTALLED}
+
+
+def test_a_loaded_module_on_a_node_with_the_operators_driver_is_its_own() -> None:
+    facts = NodeFacts(GPU, driver_loaded="NodeFeature nfd/gpu-1", driver_ledgered=True)
+    assert detect(facts, CoexistPolicy()).findings == []
+
+
+def test_label_rule_and_nfd_evidence_make_one_finding_with_both() -> None:
+    facts = NodeFacts({**GPU, GKE: "latest"}, driver_loaded="NodeFeature nfd/gke-1")
+    [finding] = detect(facts, CoexistPolicy()).findings
+    assert f"{GKE}=latest" in finding.evidence
+    assert "NodeFeature nfd/gke-1" in finding.evidence
+
+
+@pytest.mark.parametrize(
+    ("features", "loaded"),
+    [
+        ({"flags": {"kernel.loadedmodule": {"elements": {"nvidia": {}, "ext4": {}}}}}, True),
+        ({"flags": {"kernel.loadedmodule": {"elements": {"nvidia_uvm": {}}}}}, False),
+        ({"flags": {"kernel.loadedmodule": {"elements": None}}}, False),
+        ({"attributes": {}}, False),
+        ({"flags": "garbage"}, False),
+    ],
+)
+def test_nvidia_is_loaded_only_when_nfd_lists_the_nvidia_module(
+    features: dict[str, Any], loaded: bool
+) -> None:
+    assert coexist.nvidia_loaded(features) is loaded
+
+
+def test_the_detectors_own_false_goes_back_to_true_when_the_evidence_goes() -> None:
+    ours = ledger.encode({PLUGIN: "false"})
+    assert ours is not None
+    labels = {**GPU, PLUGIN: "false"}
+    assert plan_node(labels, {ledger.ANNOTATION: ours}, policy(), coexist={}).labels[PLUGIN] == (
+        "true"
+    )
+    # A human's `false` (not in the ledger) stays.
+    assert PLUGIN not in plan_node(labels, {}, policy(), coexist={}).labels
+
+
 def test_summary_groups_nodes_per_case_and_action() -> None:
     found = coexist.Finding("foreign-device-plugin", "adapt", "x")
     text = coexist.summary({f"n{i}": [found] for i in range(5)})

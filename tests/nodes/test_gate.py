@@ -78,3 +78,33 @@ def test_the_gate_never_acts_when_off_or_when_the_taint_is_gone() -> None:
     assert not gate.plan(GateFacts([OURS], 1, True), None).remove
     assert not gate.plan(GateFacts([OTHER], 1, True), TAINT).remove
     assert gate.plan(GateFacts([OTHER], 0, False), TAINT).waiting_for == ""
+
+
+def test_a_waiting_plan_says_what_is_lacking_in_short_words() -> None:
+    assert gate.plan(GateFacts([OURS], 0, False), TAINT).lacking == (
+        gate.NO_GPUS,
+        gate.VALIDATOR_NOT_READY,
+    )
+    assert gate.plan(GateFacts([OURS], 2, False), TAINT).lacking == (gate.VALIDATOR_NOT_READY,)
+    assert gate.plan(GateFacts([OURS], 2, True), TAINT).lacking == ()
+
+
+def test_the_waiting_summary_groups_nodes_by_what_they_lack() -> None:
+    no_validator = gate.plan(GateFacts([OURS], 8, False), TAINT)
+    nothing = gate.plan(GateFacts([OURS], 0, False), TAINT)
+    validated = gate.plan(GateFacts([OURS], 8, True), TAINT)
+    waiting = {"a100-2": no_validator, "a100-1": no_validator, "t4-1": nothing, "h100-1": validated}
+    assert gate.waiting_summary(waiting) == (
+        "4 node(s) wait at the startup gate: a100-1, a100-2 (validator not Ready); "
+        "t4-1 (no allocatable GPUs, validator not Ready); h100-1 (validated, taint being removed)"
+    )
+    assert gate.waiting_summary({}) == ""
+
+
+def test_the_waiting_summary_counts_the_names_it_does_not_show() -> None:
+    plan = gate.plan(GateFacts([OURS], 0, True), TAINT)
+    waiting = {f"node-{i:02}": plan for i in range(12)}
+    assert gate.waiting_summary(waiting, shown=3) == (
+        "12 node(s) wait at the startup gate: node-00, node-01, node-02 and 9 more "
+        "(no allocatable GPUs)"
+    )

@@ -31,10 +31,10 @@ from gpu_operator.controller.runtime import OWNED_KINDS, Reconciler, Request, Ru
 from gpu_operator.kube import resources
 from gpu_operator.kube.errors import describe
 from gpu_operator.kube.writer import needs_write
-from gpu_operator.nodes import coexist, labelling
+from gpu_operator.nodes import coexist, gate, labelling
 from gpu_operator.operands import readiness, registry
 from gpu_operator.operands.facts import ClusterFacts
-from gpu_operator.status import conditions, explain, summary
+from gpu_operator.status import coalesce, conditions, explain, summary
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +108,6 @@ def cluster_facts(rt: Runtime) -> ClusterFacts:
     )
 
 
-def without_times(status: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(status)
-    out["conditions"] = [
-        {k: v for k, v in c.items() if k != "lastTransitionTime"}
-        for c in status.get("conditions") or []
-    ]
-    return out
-
-
 def index_by_owner(
     pods: Iterable[readiness.PodSummary], revisions: Iterable[dict[str, Any]]
 ) -> dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]]:
@@ -154,9 +145,12 @@ class ClusterPolicyReconciler(Reconciler):
         self._psa_labelled = False
         self._write_errors: list[BaseException] = []
         self._edit_events: list[tuple[dict[str, Any], str]] = []
+        # JSON patches removing what a hand edit added, sent before the DaemonSet's apply.
+        self._restore_patches: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
         nodes.on_settled = self._poke
         # Most watch events ask for the same debounced pass: one shared answer.
         self._debounced = (Request(POLICY_KEY, rt.settings.status_debounce),)
+        self._status_writes = coalesce.StatusWrites(rt.settings.status_write_interval)
 
     # ----- events ------------------------------------------------------------------------------
 
@@ -220,12 +214,16 @@ class ClusterPolicyReconciler(Reconciler):
         return cluster_facts(self.rt)
 
     async def _patch_status(self, policy: dict[str, Any], status: dict[str, Any]) -> None:
-        current = policy.get("status") or {}
-        if without_times(current) == without_times(status):
-            return
-        await self.rt.writer.patch_status(
-            resources.CLUSTER_POLICY, policy["metadata"]["name"], status
-        )
+        """Write the status unless unchanged; within the write window, pass again when it ends
+        (status/coalesce.py). A failed write raises: the queue retries the pass."""
+        name = policy["metadata"]["name"]
+        writes = self._status_writes
+        decision = writes.decide(name, policy.get("status"), status, time.monotonic())
+        if decision.action == "defer":
+            self.rt.enqueue_within(POLICY_KEY, decision.delay)
+        elif decision.action == "write":
+            await self.rt.writer.patch_status(resources.CLUSTER_POLICY, name, status)
+            writes.wrote(name, status, time.monotonic())
 
     async def reconcile(self, key: str) -> None:
         """Render, apply, prune and report for the active ClusterPolicy."""
@@ -316,6 +314,7 @@ class ClusterPolicyReconciler(Reconciler):
                 preinstalled_drivers=self.preinstalled_drivers(),
                 coexistence=coexist.summary(self.nodes.coexist_findings),
                 worst_node=self.worst_node(policy),
+                startup_gate=gate.waiting_summary(self.nodes.gate_waiting()),
             ),
             namespace=namespace,
             now=now(),
@@ -400,6 +399,7 @@ class ClusterPolicyReconciler(Reconciler):
         desired: set[tuple[str, str, str, str]] = set()
         keep_states: set[str] = set()
         to_write: list[tuple[str, dict[str, Any]]] = []
+        self._restore_patches = {}
         daemonsets: dict[str, list[dict[str, Any]]] = {}
         for state in registry.render_all(policy, facts):
             if state.error is not None:
@@ -434,7 +434,7 @@ class ClusterPolicyReconciler(Reconciler):
         for _, obj in to_write:
             log.debug("applying %s %s", obj.get("kind"), ref(obj)[3])
         results = await asyncio.gather(
-            *(self.rt.write(obj) for _, obj in to_write), return_exceptions=True
+            *(self._write(obj) for _, obj in to_write), return_exceptions=True
         )
         written = {ref(obj) for _, obj in to_write}
         # A rejected write fails its state at once (the status says why, an Event is recorded);
@@ -467,12 +467,26 @@ class ClusterPolicyReconciler(Reconciler):
         if not diffs:
             return False
         editors = live.get("editors") or []
-        manager = drift.who_changed(diffs[0][0], editors)
+        manager = drift.who_changed(diffs[0].path, editors)
         name = f"DaemonSet {live['metadata'].get('name')}"
         message = drift.message(name, diffs, manager)
         log.warning("%s", message)
         self._edit_events.append((live, message))
+        patch = drift.restore_patch(diffs, str(live["metadata"].get("resourceVersion") or ""))
+        if patch is not None:
+            self._restore_patches[ref(desired)] = patch
         return True
+
+    async def _write(self, obj: dict[str, Any]) -> None:
+        """Apply an object; a hand-edited DaemonSet with additions to remove first gets its
+        restoring JSON patch (server-side apply keeps fields other managers added)."""
+        patch = self._restore_patches.pop(ref(obj), None)
+        if patch is not None and not await self.rt.writer.json_patch(obj, patch):
+            # It changed since we judged it: that change's watch event brings a new pass.
+            log.info("%s %s changed while being restored; judging it again", obj.get("kind"),
+                     ref(obj)[3])  # fmt: skip
+            return
+        await self.rt.write(obj)
 
     def _readiness(
         self,
@@ -568,6 +582,9 @@ def _facts_input(node: dict[str, Any] | None) -> tuple[Any, ...]:
         labels.get(keys.NFD_KERNEL_FULL),
         facts_mod.runtime_of(node),
         labels.get(keys.DEPLOY_DRIVER),  # a preinstalled driver shows in the status
+        # The status names the nodes at the readiness gate: a taint removed changes it.
+        tuple((t.get("key"), t.get("effect")) for t in node.get("taints") or ()),
+        (node.get("status") or {}).get("gpuAllocatable") if node.get("taints") else None,
     )
 
 

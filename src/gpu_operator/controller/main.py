@@ -33,6 +33,7 @@ async def run(
     leader_elect: bool,
     metrics_address: str,
     health_address: str,
+    status_write_interval: float = 1.0,
     environ: Mapping[str, str] = os.environ,
 ) -> None:
     """Run until cancelled or signalled; SIGTERM and SIGINT stop it cleanly."""
@@ -47,6 +48,7 @@ async def run(
             operator_env=image_env(environ),
             coexist=CoexistPolicy.from_env(environ),
             startup_taint=StartupTaint.from_env(environ),
+            status_write_interval=status_write_interval,
         ),
     )
     runners = [

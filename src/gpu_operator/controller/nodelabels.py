@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_operator.api import keys
 from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch
 from gpu_operator.nodes import coexist, gate, labelling, ledger
+
+if TYPE_CHECKING:
+    from gpu_operator.controller.coexist_sources import CoexistSources
 
 NODE_PREFIX = "node"
 PREINSTALLED_REASON = "PreinstalledDriver"
@@ -23,6 +26,8 @@ NODES = "nodes"
 PODS = "pods"
 # The validator DaemonSet's pods (app label): Ready once every link of the node's chain passed.
 VALIDATOR_APP = "nvidia-operator-validator"
+# How soon a node held back for the coexistence sources is looked at again.
+HOLD_RETRY = 0.5
 
 # Given a cached node (strip.node), the owner label it should carry; None leaves it alone.
 OwnerSource = Callable[[Mapping[str, Any]], labelling.OwnerLabel | None]
@@ -46,8 +51,9 @@ class NodeLabels(Reconciler):
         self.coexist_findings: dict[str, list[coexist.Finding]] = {}
         self._coexist_adapted: set[str] = set()
         self._reported_coexist: set[tuple[str, str, str]] = set()
-        # The DRA GPU driver's ResourceSlices per node name (none until a source is wired).
-        self.dra_slices: Callable[[str], tuple[str, ...]] = lambda node: ()
+        # NodeFeatures and DRA ResourceSlices (controller/coexist_sources.py), set by the
+        # operator; None: the detector reads node facts only.
+        self.sources: CoexistSources | None = None
         # Set by the ClusterPolicy reconciler: the answer to "is there a policy in charge?",
         # and what to call when the last pending node settles or conflicts change.
         self.has_policy: Callable[[], bool] = lambda: False
@@ -106,6 +112,8 @@ class NodeLabels(Reconciler):
         node = self.nodes.get(name)
         if node is None:
             self.conflicts.pop(name, None)
+            if self.sources is not None:
+                self.sources.forget(name)
             if self.coexist_findings.pop(name, None):
                 self.on_settled()
             self._coexist_adapted.discard(name)
@@ -128,6 +136,10 @@ class NodeLabels(Reconciler):
                 # Upstream: no upgrade annotation while sandbox workloads are on.
                 owner = dataclasses.replace(owner, auto_upgrade=False)
             outcome = self._detect(name, node)
+            if outcome is None:
+                # A source the detector needs has not answered yet (coexist_sources.WAIT).
+                self.rt.enqueue(self.key(name), after=HOLD_RETRY)
+                return
             plan = labelling.plan_node(
                 labels, annotations, self.label_policy, owner,
                 coexist=outcome.overrides, refuse=outcome.refused,
@@ -160,6 +172,30 @@ class NodeLabels(Reconciler):
             pod.app == VALIDATOR_APP and pod.node == name and pod.problem is None
             for pod in self.rt.caches[PODS].objects.values()
         )
+
+    def gate_waiting(self) -> dict[str, gate.GatePlan]:
+        """The nodes that still carry the startup taint, with what each lacks (for the status
+        message), from the caches: one pass over the pods, one over the nodes."""
+        taint = self.rt.settings.startup_taint
+        if taint is None:
+            return {}
+        ready = {
+            pod.node
+            for pod in self.rt.caches[PODS].objects.values()
+            if pod.app == VALIDATOR_APP and pod.problem is None
+        }
+        waiting = {}
+        for name, node in self.nodes.objects.items():
+            taints = node.get("taints") or ()
+            if not any(taint.matches(t) for t in taints):
+                continue
+            facts = gate.GateFacts(
+                taints=taints,
+                gpu_allocatable=int((node.get("status") or {}).get("gpuAllocatable") or 0),
+                validator_ready=name in ready,
+            )
+            waiting[name] = gate.plan(facts, taint)
+        return waiting
 
     async def _gate(self, name: str, node: Mapping[str, Any]) -> None:
         """Remove the startup taint once the node validated (nodes/gate.py): one JSON patch of
@@ -194,19 +230,38 @@ class NodeLabels(Reconciler):
         """Whether the node's `pre-installed` driver label is the detector's (see coexist)."""
         return name in self._coexist_adapted
 
-    def _detect(self, name: str, node: Mapping[str, Any]) -> coexist.Outcome:
-        labels = (node.get("metadata") or {}).get("labels") or {}
+    def _detect(self, name: str, node: Mapping[str, Any]) -> coexist.Outcome | None:
+        """The detector's outcome for a node; None to hold the node back a moment."""
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
         if not labelling.has_gpu(labels):
+            if self.sources is not None:
+                self.sources.forget(name)
             return coexist.Outcome()
+        owned = ledger.read(meta.get("annotations") or {})
+        # Once the operator deployed its driver here, a loaded module is its own driver's (now,
+        # after an upgrade, after an operator restart): only a node it never put its driver on
+        # can show a foreign one. The ledger survives restarts; `true` covers a lost ledger.
+        driver_ledgered = (
+            owned.get(keys.DEPLOY_DRIVER) == "true" or labels.get(keys.DEPLOY_DRIVER) == "true"
+        )
+        installs = self.label_policy is not None and self.label_policy.driver
+        loaded = ""
+        slices: tuple[str, ...] = ()
+        if self.sources is not None:
+            new_node = installs and not driver_ledgered and keys.DEPLOY_DRIVER not in owned
+            if self.sources.wait_reason(name, new_node):
+                return None
+            loaded = self.sources.driver_loaded(name) if installs else ""
+            slices = self.sources.dra_slices(name)
         facts = coexist.NodeFacts(
             # Cloud labels (GKE's, AKS's) live among the labels the cache keeps apart.
             labels={**(node.get("selectable") or {}), **labels},
             gpu_capacity=int((node.get("status") or {}).get("gpu") or 0),
-            dra_slices=self.dra_slices(name),
-            plugin_ledgered=ledger.read((node.get("metadata") or {}).get("annotations") or {}).get(
-                keys.DEPLOY_PREFIX + "device-plugin"
-            )
-            == "true",
+            dra_slices=slices,
+            plugin_ledgered=owned.get(keys.DEPLOY_PREFIX + "device-plugin") == "true",
+            driver_loaded=loaded,
+            driver_ledgered=driver_ledgered,
         )
         return coexist.detect(facts, self.rt.settings.coexist)
 

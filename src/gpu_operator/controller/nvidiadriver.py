@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ from gpu_operator.kube.writer import needs_write
 from gpu_operator.nodes import labelling, ownership
 from gpu_operator.operands import nvidiadriver as plan_mod
 from gpu_operator.operands import readiness
-from gpu_operator.status import conditions
+from gpu_operator.status import coalesce, conditions
 from gpu_operator.status import nvidiadriver as nvd_status
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class NVIDIADriverReconciler(Reconciler):
         self._active = False
         self._reported: dict[str, str] = {}
         self._debounced = (Request(KEY, rt.settings.status_debounce),)
+        self._status_writes = coalesce.StatusWrites(rt.settings.status_write_interval)
 
     # ----- events ------------------------------------------------------------------------------
 
@@ -295,10 +297,15 @@ class NVIDIADriverReconciler(Reconciler):
     async def _write_status(self, name: str, status: dict[str, Any]) -> None:
         obj = self.drivers_cache.get(name)
         if obj is None:
+            self._status_writes.forget(name)
             return
-        if cp.without_times(obj.get("status") or {}) == cp.without_times(status):
-            return
-        await self.rt.writer.patch_status(resources.NVIDIA_DRIVER, name, status)
+        # At most one write per window per NVIDIADriver; the pass repeats when it ends.
+        decision = self._status_writes.decide(name, obj.get("status"), status, time.monotonic())
+        if decision.action == "defer":
+            self.rt.enqueue_within(KEY, decision.delay)
+        elif decision.action == "write":
+            await self.rt.writer.patch_status(resources.NVIDIA_DRIVER, name, status)
+            self._status_writes.wrote(name, status, time.monotonic())
 
     async def _report_problems(
         self, obj: dict[str, Any] | None, report: nvd_status.DriverReport

@@ -14,7 +14,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpu_operator.controller import clusterpolicy, nodelabels, nvidiadriver, strip, upgrade
+from gpu_operator.controller import (
+    clusterpolicy,
+    coexist_sources,
+    nodelabels,
+    nvidiadriver,
+    strip,
+    upgrade,
+)
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.controller.runtime import OWNED_KINDS, Runtime, Settings
 from gpu_operator.kube import resources
@@ -56,6 +63,10 @@ class Operator:
         rt.register(self.drivers)
         self.upgrade = upgrade.UpgradeReconciler(rt)
         rt.register(self.upgrade)
+        # NodeFeatures and ResourceSlices for the coexistence detector (both APIs optional).
+        self.coexist_sources = coexist_sources.CoexistSources(rt, nodelabels.NodeLabels.key)
+        self.labels.sources = self.coexist_sources
+        rt.register(self.coexist_sources)
 
     # What tests, the demo and the process entry point read.
 

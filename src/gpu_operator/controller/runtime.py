@@ -66,6 +66,9 @@ class Settings:
     leader_elect: bool = False
     operator_env: Mapping[str, str] = field(default_factory=dict)
     status_debounce: float = 0.2
+    # At most one status write per object per this many seconds; the newest is always written
+    # when the window ends, a new failure at once (status/coalesce.py; STATUS_WRITE_INTERVAL env).
+    status_write_interval: float = 1.0
     write_concurrency: int = 16
     workers: int = 8
     # How often one cheap list checks that the API server's state did not go back in time.
@@ -269,6 +272,10 @@ class Runtime:
         else:
             self.queue.add(key)
 
+    def enqueue_within(self, key: str, delay: float) -> None:
+        """Queue a key no later than `delay` seconds from now (a later retry is brought forward)."""
+        self.queue.add_within(key, delay)
+
     def _dispatch(self, cache: str, key: str, old: Any, new: Any) -> None:
         # Every watch event of every cache passes here: kept to plain loops.
         mappers = self._watches.get(cache)
@@ -354,15 +361,18 @@ class Runtime:
         informers = self.caches.informers
         while True:
             await asyncio.sleep(self.settings.consistency_interval)
+            # What the caches had seen before asking: watch events arriving while the list is in
+            # flight carry newer versions than its answer and are no sign of lost state.
+            seen = [(informer, informer.version) for informer in list(informers.values())]
             try:
                 version = await current_version(self.client, resources.CLUSTER_POLICY)
                 self.consistency_error = None
             except Exception as err:
                 self.consistency_error = describe(err)
                 continue
-            behind = rewound(list(informers.values()), version)
+            behind = rewound(seen, version)
             if behind:
-                newest = max(int(str(i.version)) for i in behind)
+                newest = max(int(str(seen_version)) for _, seen_version in behind)
                 log.warning(
                     "the API server's resourceVersion went back (%s, we saw %d): it lost or "
                     "restored state; relisting every cache", version, newest,

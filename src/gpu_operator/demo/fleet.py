@@ -39,6 +39,22 @@ class _Strict(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
+class Taint(_Strict):
+    """A taint the pool registers its nodes with (kubelet `--register-with-taints`), e.g. the
+    readiness gate's startup taint (docs/coexistence.md, "Readiness gate")."""
+
+    key: str = pydantic.Field(min_length=1, max_length=253)
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, **({"value": self.value} if self.value else {}),
+                "effect": self.effect}  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
+
+
 class Pool(_Strict):
     """Identical nodes: a machine preset (or none for CPU-only nodes) and their OS facts."""
 
@@ -64,6 +80,8 @@ class Pool(_Strict):
     driver_version: str | None = pydantic.Field(default=None, alias="driverVersion")
     # UEFI Secure Boot: the kernel then loads signed modules only.
     secure_boot: bool = pydantic.Field(default=False, alias="secureBoot")
+    # Taints the nodes register with, as an autoscaled node pool sets them.
+    taints: list[Taint] = pydantic.Field(default_factory=list)
 
     @pydantic.field_validator("driver_version")
     @classmethod
@@ -135,6 +153,14 @@ class Fleet(_Strict):
         return sum(p.count for p in self.pools)
 
 
+# The taint of the `autoscaled` fleet, named with the cluster autoscaler's startup-taint prefix.
+STARTUP_TAINT = {
+    "key": "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready",
+    "value": "true",
+    "effect": "NoSchedule",
+}
+
+
 def _fleet(name: str, *pools: dict[str, object]) -> Fleet:
     return Fleet.model_validate({"name": name, "pools": list(pools)})
 
@@ -174,6 +200,14 @@ NAMED: dict[str, Fleet] = {
         _fleet(
             "aks-preinstalled",
             {"name": "t4", "machine": "t4x4", "count": 2, "driver": "preinstalled"},
+            {"name": "cpu", "count": 1},
+        ),
+        # Autoscaled GPU nodes behind the readiness gate: they register with the cluster
+        # autoscaler's startup taint, which the operator removes once a node validated. Run it
+        # with `-f examples/startup-taint-values.yaml` (docs/coexistence.md, "Readiness gate").
+        _fleet(
+            "autoscaled",
+            {"name": "a100", "machine": "dgx-a100", "count": 2, "taints": [STARTUP_TAINT]},
             {"name": "cpu", "count": 1},
         ),
         _fleet(
@@ -268,6 +302,7 @@ class NodePlan:
     node_info: dict[str, str]
     machine: str | None
     seed: int
+    taints: tuple[dict[str, str], ...] = ()
 
 
 def node_labels(pool: Pool) -> dict[str, str]:
@@ -303,7 +338,7 @@ def plan_nodes(fleet: Fleet) -> list[NodePlan]:
         for index in range(pool.count):
             plans.append(
                 NodePlan(f"{pool.name}-{index + 1}", pool, dict(labels), dict(info),
-                         pool.machine, seed)
+                         pool.machine, seed, tuple(t.to_dict() for t in pool.taints))
             )  # fmt: skip
             seed += 1
     return plans
@@ -316,6 +351,7 @@ def describe(fleet: Fleet) -> Sequence[str]:
         what = pool.machine or "CPU only"
         extra = f", preinstalled driver {pool.host_driver}" if pool.host_driver else ""
         extra += ", Secure Boot" if pool.secure_boot else ""
+        extra += "".join(f", tainted {t}" for t in pool.taints)
         lines.append(
             f"{pool.count} x {what} ({pool.name}; {pool.os} {pool.os_version}, {pool.runtime}"
             f"{extra})"

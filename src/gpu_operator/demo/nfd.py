@@ -496,20 +496,34 @@ def prune_patch(labels: Mapping[str, str], annotations: Mapping[str, str]) -> di
     return {"metadata": metadata} if metadata else {}
 
 
+def chart_crds(chart: Path) -> list[dict[str, Any]]:
+    """NFD's CRDs as the chart's NFD sub-chart ships them ([] when the chart has none)."""
+    path = chart / "charts" / "node-feature-discovery" / "crds" / "nfd-api-crds.yaml"
+    if not path.is_file():
+        return []
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
 def label_directly(
     nodes: Mapping[str, Path],
     patch_node: Callable[[str, dict[str, Any]], object],
     node_meta: Callable[[str], tuple[dict[str, str], dict[str, str]]],
+    write_feature: Callable[[dict[str, Any]], object] | None = None,
+    namespace: str = "",
 ) -> None:
     """The in-process demo's NFD: worker and master logic with the chart's configuration, for
-    nodes whose root directories are given, without NFD pods."""
+    nodes whose root directories are given, without NFD pods. With `write_feature`, each node's
+    NodeFeature is written first (in `namespace`), as nfd-worker does before nfd-master labels."""
     worker, master = (
         WorkerConfig.parse(CHART_WORKER_CONFIG),
         MasterConfig.parse(CHART_MASTER_CONFIG),
     )
     for name, root in nodes.items():
         features = discover(Host.of_root(root), worker)
-        spec = {"features": features, "labels": worker_labels(features, worker)}
+        published = worker_labels(features, worker)
+        spec = {"features": features, "labels": published}
+        if write_feature is not None:
+            write_feature(node_feature(name, namespace, features, published))
         labels, annotations = node_meta(name)
         patch = master_patch(labels, annotations, desired_labels([spec], [], master))
         if patch:

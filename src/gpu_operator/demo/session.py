@@ -22,6 +22,7 @@ from gpu_operator.api import crds
 from gpu_operator.controller.operator import Operator, Settings
 from gpu_operator.demo import driver, hardware, nfd, programs, view
 from gpu_operator.demo import fleet as fleet_mod
+from gpu_operator.demo import install as install_mod
 from gpu_operator.kube import client as kube_client
 from gpu_operator.kube import node_features
 from gpu_operator.nvml import mock
@@ -81,6 +82,8 @@ class Options:
     values: list[Path] = field(default_factory=list)
     chart: Path | None = None
     timing: programs.Timing = field(default_factory=programs.Timing)
+    # Extra operator Settings fields for the in-process operator (e.g. `coexist`).
+    operator_settings: dict[str, Any] = field(default_factory=dict)
     timeout: float = 120.0
     live: bool | None = None  # None: live table only on a terminal
     refresh_per_second: float = 4.0
@@ -127,6 +130,11 @@ class Demo:
             )
             for crd in crds.all_crds().values():
                 sim.store.create(crd)
+            # NFD's CRDs (the chart's sub-chart installs them otherwise), so the in-process NFD
+            # below publishes NodeFeatures as nfd-worker does (the coexistence detector reads them).
+            with contextlib.suppress(FileNotFoundError):
+                for crd in nfd.chart_crds(install_mod.find_chart()):
+                    sim.store.create(crd)
         roots = {}
         for plan in fleet_mod.plan_nodes(self.options.fleet):
             machine = None
@@ -136,7 +144,7 @@ class Demo:
             nodes.add_node(plan.name, machine)
             sim.add_node(
                 plan.name, labels=plan.labels, capacity=dict(NODE_CAPACITY),
-                node_info=plan.node_info,
+                node_info=plan.node_info, taints=[dict(t) for t in plan.taints] or None,
             )  # fmt: skip
             roots[plan.name] = sim.node_root(plan.name)
             hardware.write(roots[plan.name], plan.pool, machine)
@@ -150,6 +158,8 @@ class Demo:
                 roots,
                 lambda name, patch: sim.store.patch("nodes", name, patch),
                 lambda name: _labels_and_annotations(sim, name),
+                _feature_writer(sim),
+                NAMESPACE,
             )
 
     async def watch(
@@ -184,6 +194,13 @@ class Demo:
                 return snap
             await _wait(stop, 0.25)
             snap = self.snapshot(sim)
+
+
+def _feature_writer(sim: kubesim.Cluster) -> Callable[[dict[str, Any]], object] | None:
+    """Writes NodeFeatures when NFD's CRD is installed (None otherwise)."""
+    if sim.store.get("customresourcedefinitions", "nodefeatures.nfd.k8s-sigs.io") is None:
+        return None
+    return sim.store.create
 
 
 def _labels_and_annotations(
@@ -297,7 +314,12 @@ async def run(options: Options, console: Console) -> Result:
             demo.populate(sim, nodes)
             client = kube_client.connect(str(sim.kubeconfig_path))
             operator = Operator(
-                client, Settings(namespace=NAMESPACE, operator_env=render.DEFAULT_OPERATOR_ENV)
+                client,
+                Settings(
+                    namespace=NAMESPACE,
+                    operator_env=render.DEFAULT_OPERATOR_ENV,
+                    **options.operator_settings,
+                ),
             )
             task = asyncio.create_task(operator.run())
             try:

@@ -331,6 +331,9 @@ class Summary:
     real: list[str]
     # GPU nodes per VM workload config (no GFD there, so not in gpus_by_model).
     vm_nodes: dict[str, int] = field(default_factory=dict)
+    # What the ClusterPolicy's Ready message adds to "all operand states ready": coexistence
+    # findings, nodes waiting at the startup gate, labels left alone.
+    policy_notes: str = ""
 
 
 def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
@@ -366,7 +369,20 @@ def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
                 ).items()
             )
         ),
+        policy_notes=_policy_notes(store),
     )
+
+
+def _policy_notes(store: Store) -> str:
+    """The sentences the active ClusterPolicy's Ready message has after its first one."""
+    for policy in store.list("clusterpolicies.nvidia.com"):
+        status = policy.get("status") or {}
+        if status.get("state") == "ignored":
+            continue
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "Ready":
+                return str(condition.get("message") or "").partition("; ")[2]
+    return ""
 
 
 def summary_lines(summary: Summary, since: str = "ClusterPolicy creation") -> Sequence[str]:
@@ -389,4 +405,5 @@ def summary_lines(summary: Summary, since: str = "ClusterPolicy creation") -> Se
         f"  time to ready:    {summary.time_to_ready:.1f}s from {since}",
         f"  real agents:      {', '.join(summary.real) or 'none'}",
         f"  simulated:        {', '.join(summary.simulated) or 'none'}",
+        *([f"  policy notes:     {summary.policy_notes}"] if summary.policy_notes else []),
     ]

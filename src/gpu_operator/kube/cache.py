@@ -257,8 +257,11 @@ async def current_version(client: AsyncClient, resource: Any) -> str | None:
         return None
 
 
-def rewound(informers: list[Informer], version: str | None) -> list[Informer]:
-    """The caches that have seen a resourceVersion newer than the server's current one."""
+def rewound(
+    seen: list[tuple[Informer, str | None]], version: str | None
+) -> list[tuple[Informer, str | None]]:
+    """The (cache, version it had seen before the server was asked) pairs whose version is newer
+    than the server's current one."""
     if version is None:
         return []
-    return [i for i in informers if i.version is not None and _older(version, i.version)]
+    return [(i, v) for i, v in seen if v is not None and _older(version, v)]

@@ -4,14 +4,14 @@ active ClusterPolicy, and pod logs bounded in lines and bytes (current or previo
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources import core_v1
 
 from gpu_operator.kube import resources
-from gpu_operator.nodes import labelling
+from gpu_operator.nodes import gate, labelling
 from gpu_operator.operands import readiness
 from gpu_operator.status import explain
 
@@ -55,6 +55,32 @@ def operator_namespace(policy: Obj | None, given: str | None) -> str:
     if given:
         return given
     return str(((policy or {}).get("status") or {}).get("namespace") or DEFAULT_NAMESPACE)
+
+
+async def startup_taint(client: AsyncClient, namespace: str) -> gate.StartupTaint | None:
+    """The readiness gate's startup taint, as the operator Deployment in the namespace sets it
+    (env STARTUP_TAINT from the chart's operator.startupTaint); None when off or not readable."""
+    try:
+        deployments = await _list(client, resources.resource("apps/v1", "Deployment"),
+                                  namespace=namespace)  # fmt: skip
+    except ApiError as err:
+        log.debug("listing Deployments in %s: %s", namespace, err)  # e.g. forbidden: no gate
+        return None
+    return startup_taint_of(deployments)
+
+
+def startup_taint_of(deployments: Iterable[Obj]) -> gate.StartupTaint | None:
+    """The startup taint a Deployment's container sets in STARTUP_TAINT (the operator's)."""
+    for deployment in deployments:
+        template = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+        for container in template.get("containers") or []:
+            for env in container.get("env") or []:
+                if env.get("name") == gate.ENV and str(env.get("value") or "").strip():
+                    try:
+                        return gate.StartupTaint.parse(str(env["value"]))
+                    except ValueError:
+                        return None  # the operator refuses to start with it: no gate runs
+    return None
 
 
 async def pod_log(
@@ -153,6 +179,8 @@ async def node_snapshot(
         logs=await _logs_for(client, ns, pods) if logs else None,
         policy=explain.policy_view((policy or {}).get("spec")) if policy else None,
         daemonsets=daemonsets,
+        taints=list((node.get("spec") or {}).get("taints") or []),
+        startup_taint=await startup_taint(client, ns),
     )
 
 
@@ -164,19 +192,3 @@ async def gpu_nodes(client: AsyncClient) -> list[Obj]:
         if labelling.has_gpu(labels) or labels.get("nvidia.com/gpu.present") == "true":
             found.append(dict(node))
     return found
-
-
-async def iter_log_chunks(
-    client: AsyncClient, namespace: str, pod: Obj, *, tail_lines: int, limit_bytes: int
-) -> AsyncIterator[tuple[str, bool, str]]:
-    """(container, previous, text) for every container of a pod, current and previous run."""
-    name = str(pod["metadata"]["name"])
-    for view in explain.container_views(pod):
-        for previous in (False, True):
-            if previous and not view.restarts:
-                continue
-            text = await pod_log(
-                client, namespace, name, view.name, previous=previous,
-                tail_lines=tail_lines, limit_bytes=limit_bytes,
-            )  # fmt: skip
-            yield view.name, previous, text

@@ -80,7 +80,10 @@ class NodeEvents:
 
     def __init__(self, api: AsyncClient, node: str, namespace: str, component: str) -> None:
         self.node = node
-        self._writer = writer.Writer(api, namespace=namespace, component=component)
+        # Node Events stay in the agent's namespace, where its Role grants `events create`.
+        self._writer = writer.Writer(
+            api, namespace=namespace, component=component, cluster_events_namespace=namespace
+        )
         self._uid: str | None = None
         self._api = api
 

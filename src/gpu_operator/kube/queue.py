@@ -56,6 +56,22 @@ class WorkQueue:
         loop = asyncio.get_running_loop()
         self._timers[key] = loop.call_later(delay, self._fire, key)
 
+    def add_within(self, key: str, delay: float) -> None:
+        """Queue a key no later than `delay` seconds from now: a later pending time (a retry's
+        backoff) is brought forward, an earlier one kept."""
+        if delay <= 0:
+            self.add(key)
+            return
+        if key in self._queued:
+            return
+        loop = asyncio.get_running_loop()
+        timer = self._timers.get(key)
+        if timer is not None:
+            if timer.when() <= loop.time() + delay:
+                return
+            timer.cancel()
+        self._timers[key] = loop.call_later(delay, self._fire, key)
+
     def _fire(self, key: str) -> None:
         self._timers.pop(key, None)
         self.add(key)

@@ -66,6 +66,7 @@ KINDS = (
     Kind("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules", True),
     Kind("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures", True),
     Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
+    Kind("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", False),
 )
 
 
@@ -130,3 +131,5 @@ CRD = resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CLUSTER_POLICY = resource("nvidia.com/v1", "ClusterPolicy")
 NVIDIA_DRIVER = resource("nvidia.com/v1alpha1", "NVIDIADriver")
 POD_DISRUPTION_BUDGET = resource("policy/v1", "PodDisruptionBudget")
+NODE_FEATURE = resource("nfd.k8s-sigs.io/v1alpha1", "NodeFeature")
+RESOURCE_SLICE = resource("resource.k8s.io/v1", "ResourceSlice")

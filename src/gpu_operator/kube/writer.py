@@ -78,6 +78,12 @@ def selector_text(match_labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(match_labels.items())) or "<none>"
 
 
+# Where Events about cluster-scoped objects (ClusterPolicy, NVIDIADriver, Node) are recorded.
+# client-go's event recorder puts an Event in its involved object's namespace and, when that is
+# empty, in `default` (tools/record makeEvent); `kubectl describe` finds them there, and they
+# outlive the operator's namespace.
+CLUSTER_EVENTS_NAMESPACE = "default"
+
 # How long a replaced DaemonSet may take to go away (its pods are orphaned or deleted first).
 REPLACE_TIMEOUT = 60.0
 REPLACE_POLL = 0.2
@@ -86,10 +92,19 @@ REPLACE_POLL = 0.2
 class Writer:
     """Executes plans against the API server."""
 
-    def __init__(self, client: AsyncClient, *, namespace: str, component: str = "gpu-operator"):
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        namespace: str,
+        component: str = "gpu-operator",
+        cluster_events_namespace: str = CLUSTER_EVENTS_NAMESPACE,
+    ):
         self.client = client
         self.namespace = namespace
         self.component = component
+        # Agents pass their own namespace: their RBAC grants Events there only.
+        self.cluster_events_namespace = cluster_events_namespace
 
     async def apply(self, desired: dict[str, Any]) -> None:
         """Server-side apply (create or update) with our field manager, taking over conflicts.
@@ -222,6 +237,21 @@ class Writer:
             raise
         return True
 
+    async def json_patch(self, obj: dict[str, Any], ops: list[dict[str, Any]]) -> bool:
+        """Apply a JSON patch to the object `obj` names; False when one of its `test`
+        operations failed (422; 409 for a stale resourceVersion) or the object is gone."""
+        meta = obj["metadata"]
+        try:
+            await self.client.patch(
+                resources.of(obj), meta["name"], ops,
+                namespace=meta.get("namespace") or self.namespace, patch_type=PatchType.JSON,
+            )  # fmt: skip
+        except ApiError as err:
+            if err.status.code in (404, 409, 422):
+                return False
+            raise
+        return True
+
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch a pod's metadata (labels, ownerReferences)."""
         await self.client.patch(
@@ -259,7 +289,8 @@ class Writer:
         message: str,
         type_: str = "Normal",
     ) -> None:
-        """Record a core/v1 Event about an object (best effort: a failed event is only logged)."""
+        """Record a core/v1 Event about an object, in its namespace (`cluster_events_namespace`
+        for a cluster-scoped one); best effort: a failed event is only logged."""
         meta = involved.get("metadata") or {}
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
@@ -267,7 +298,7 @@ class Writer:
             "kind": "Event",
             "metadata": {
                 "generateName": f"{meta.get('name', 'object')}.",
-                "namespace": meta.get("namespace") or self.namespace,
+                "namespace": meta.get("namespace") or self.cluster_events_namespace,
             },
             "involvedObject": {
                 "apiVersion": involved.get("apiVersion"),

@@ -3,7 +3,9 @@
 Three cases (docs/coexistence.md):
 - managed-driver: the cloud installs the NVIDIA driver (a GKE node with
   `cloud.google.com/gke-gpu-driver-version` other than `disabled`, or a label rule the admin adds
-  for AKS node pools created without `--gpu-driver none`). Two drivers on one host never work.
+  for AKS node pools created without `--gpu-driver none`), or NFD's NodeFeature for the node lists
+  the `nvidia` kernel module as loaded while the operator never deployed its driver there (an AKS
+  node image that brings the driver, a hand-installed one). Two drivers on one host never work.
 - foreign-device-plugin: `nvidia.com/gpu` capacity on a node where our device plugin has not
   been deployed: someone else's plugin (AKS managed GPU pools, a hand-installed DaemonSet)
   advertises the GPUs, and it found a working driver. Two plugins for one resource make the
@@ -40,6 +42,18 @@ ENV_PREFIX = "COEXIST_"
 ENV_LABELS = "COEXIST_MANAGED_DRIVER_LABELS"
 DEVICE_PLUGIN = "device-plugin"
 DRIVER = "driver"
+# NFD's kernel feature that lists the loaded modules (nfd-worker reads /proc/modules): a "flags"
+# feature whose element keys are module names with empty values. NFD publishes no module version.
+LOADED_MODULE_FEATURE = "kernel.loadedmodule"
+NVIDIA_MODULE = "nvidia"
+
+
+def nvidia_loaded(features: Mapping[str, object]) -> bool:
+    """Whether a NodeFeature's `spec.features` lists the `nvidia` kernel module as loaded."""
+    flags = features.get("flags")
+    feature = flags.get(LOADED_MODULE_FEATURE) if isinstance(flags, Mapping) else None
+    elements = feature.get("elements") if isinstance(feature, Mapping) else None
+    return isinstance(elements, Mapping) and NVIDIA_MODULE in elements
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,12 @@ class NodeFacts:
     # The operator's label ledger says it deployed its device plugin here (`true`): the capacity
     # is then ours even while the plugin is paused or restarting (the kubelet keeps capacity).
     plugin_ledgered: bool = False
+    # Where NFD saw the `nvidia` kernel module loaded on the node ("" if it did not), e.g.
+    # "NodeFeature gpu-operator/t4-1".
+    driver_loaded: str = ""
+    # The operator deployed its own driver here (ledger entry or label `true`): a loaded module
+    # is then its own driver's, now or after a restart, and never a finding.
+    driver_ledgered: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,10 +184,19 @@ def _our_plugin_deployed(labels: Mapping[str, str]) -> bool:
 def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
     """The findings on one GPU node and the deploy labels they impose."""
     found: list[Finding] = []
+    driver_evidence = []
     rules = [r for r in policy.managed_driver_labels if r.matches(node.labels)]
     if rules:
         shown = ", ".join(f"{r.key}={node.labels[r.key]}" for r in rules)
-        evidence = f"the node's labels say the cloud installs the driver ({shown})"
+        driver_evidence.append(f"the node's labels say the cloud installs the driver ({shown})")
+    if node.driver_loaded and not node.driver_ledgered:
+        driver_evidence.append(
+            f"NFD saw the kernel module {NVIDIA_MODULE} loaded ({node.driver_loaded}, "
+            f"{LOADED_MODULE_FEATURE}) although the operator never deployed its driver here: "
+            "a preinstalled or cloud-managed driver"
+        )
+    if driver_evidence:
+        evidence = "; ".join(driver_evidence)
         found.append(Finding("managed-driver", policy.managed_driver, evidence))
     if node.gpu_capacity > 0 and not node.plugin_ledgered and not _our_plugin_deployed(node.labels):
         found.append(Finding(

@@ -19,6 +19,11 @@ EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 # Whole GPUs and MIG slices a device plugin advertises (mixed strategy: nvidia.com/mig-1g.10gb).
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
+# What a node at the gate lacks, in the short words the status message uses.
+NO_GPUS = "no allocatable GPUs"
+VALIDATOR_NOT_READY = "validator not Ready"
+# Names listed per reason in the status message; the rest are counted.
+SHOWN = 5
 
 
 @dataclass(frozen=True)
@@ -82,12 +87,14 @@ class GateFacts:
 @dataclass(frozen=True)
 class GatePlan:
     """`remove`: drop the startup taint now; `keep` is the node's taint list without it, `seen`
-    the list it was planned on; `waiting_for` says what the node still lacks."""
+    the list it was planned on; `waiting_for` says what the node still lacks, `lacking` the same
+    in short words (NO_GPUS, VALIDATOR_NOT_READY)."""
 
     remove: bool
     keep: tuple[Mapping[str, Any], ...] = ()
     seen: tuple[Mapping[str, Any], ...] = ()
     waiting_for: str = ""
+    lacking: tuple[str, ...] = ()
 
     def json_patch(self) -> list[dict[str, Any]]:
         """One JSON patch: fail unless spec.taints is still the list the plan read (the guard:
@@ -102,12 +109,35 @@ def plan(facts: GateFacts, taint: StartupTaint | None) -> GatePlan:
     """Whether to remove the startup taint from one node now (never adds it)."""
     if taint is None or not any(taint.matches(t) for t in facts.taints):
         return GatePlan(remove=False)
-    lacking = []
+    wanted, short = [], []
     if facts.gpu_allocatable <= 0:
-        lacking.append(f"allocatable {GPU_RESOURCE} (or {MIG_PREFIX}*)")
+        wanted.append(f"allocatable {GPU_RESOURCE} (or {MIG_PREFIX}*)")
+        short.append(NO_GPUS)
     if not facts.validator_ready:
-        lacking.append("a Ready nvidia-operator-validator pod")
-    if lacking:
-        return GatePlan(remove=False, waiting_for=" and ".join(lacking))
+        wanted.append("a Ready nvidia-operator-validator pod")
+        short.append(VALIDATOR_NOT_READY)
+    if wanted:
+        return GatePlan(remove=False, waiting_for=" and ".join(wanted), lacking=tuple(short))
     keep = tuple(t for t in facts.taints if not taint.matches(t))
     return GatePlan(remove=True, keep=keep, seen=tuple(facts.taints))
+
+
+def waiting_summary(waiting: Mapping[str, GatePlan], shown: int = SHOWN) -> str:
+    """One sentence naming the nodes that still carry the startup taint, grouped by what they
+    lack ("" for none): `2 node(s) wait at the startup gate: a-1, a-2 (validator not Ready)`.
+    A node whose plan removes the taint is listed as validated (the removal is under way, or
+    failing: the operator's log says why)."""
+    if not waiting:
+        return ""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(waiting):
+        plan = waiting[name]
+        reason = ", ".join(plan.lacking) if plan.lacking else "validated, taint being removed"
+        groups.setdefault(reason, []).append(name)
+    parts = []
+    for reason, names in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        listed = ", ".join(names[:shown])
+        if len(names) > shown:
+            listed += f" and {len(names) - shown} more"
+        parts.append(f"{listed} ({reason})")
+    return f"{len(waiting)} node(s) wait at the startup gate: {'; '.join(parts)}"

@@ -280,6 +280,11 @@ def plan_node(
             if override is not None:
                 writer.set(key, override)
                 continue
+            if coexist is not None and labels.get(key) == "false" and writer.owns(key):
+                # The detector's own `false` (the operator writes no other), no longer warranted:
+                # the DRA driver or the other device plugin went away.
+                writer.set(key, "true")
+                continue
             pauser = PAUSED_BY.get(labels.get(key, ""))
             if pauser is not None and keys.DEPLOY_PREFIX + pauser not in kept:
                 writer.set(key, "true")  # a stale pause (see PAUSED_BY)

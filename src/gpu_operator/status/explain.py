@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpu_operator.api import keys
-from gpu_operator.nodes import ledger
+from gpu_operator.nodes import gate, ledger
 
 Obj = dict[str, Any]
 LinkStatus = Literal["ok", "failed", "skipped"]
@@ -109,6 +109,10 @@ class NodeFacts:
     policy: PolicyView | None = None
     # DaemonSets of the chain by app name, to tell "not scheduled here" from "not created".
     daemonsets: Mapping[str, Obj] | None = None
+    # The node's taints and the readiness gate's startup taint (None: the gate is off, or the
+    # snapshot does not know).
+    taints: Sequence[Obj] | None = None
+    startup_taint: gate.StartupTaint | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class Link:
 class Verdict:
     node: str
     links: tuple[Link, ...]
+    # While the startup taint is on the node: what it waits for ("" when not at the gate).
+    startup_gate: str = ""
 
     @property
     def failed(self) -> Link | None:
@@ -173,6 +179,7 @@ class Verdict:
             "usable": self.usable,
             "failedLink": failed.id if failed else None,
             "message": self.message(),
+            "startupGate": self.startup_gate or None,
             "links": [link.to_dict() for link in self.links],
         }
 
@@ -188,6 +195,7 @@ CHAIN = (
     ("device-plugin", "device plugin"),
     ("allocatable", "allocatable"),
     ("validator", "validator"),
+    ("gate", "startup gate"),
     ("mig", "MIG"),
     ("upgrade", "driver upgrade"),
 )
@@ -392,6 +400,10 @@ def _deploy_labels(facts: NodeFacts) -> Link:
     return _ok("deploy-labels", "operands deployed here", evidence)
 
 
+# The Event reason controller/nodelabels.py records a coexistence finding under.
+COEXIST_EVENT = "CoexistenceConflict:"
+
+
 def _who(owned: Mapping[str, str], key: str) -> str:
     if key == keys.DEPLOY_DRIVER:
         return "k8s-driver-manager" if key not in owned else "the operator"
@@ -403,6 +415,20 @@ def _driver(facts: NodeFacts) -> list[Link]:
     policy = facts.policy or PolicyView()
     version = _driver_version(labels)
     if labels.get(keys.DEPLOY_DRIVER) == keys.DRIVER_PREINSTALLED:
+        if ledger.read(facts.annotations).get(keys.DEPLOY_DRIVER) == keys.DRIVER_PREINSTALLED:
+            # The coexistence detector's adapt (NFD saw the module, or a cloud driver label):
+            # the chain runs on the host's driver by design; its Event says what was seen.
+            found = [
+                e for e in _events_about(facts, facts.name) if e.text.startswith(COEXIST_EVENT)
+            ]
+            return [
+                _skip("driver-manager", "preinstalled driver found before any driver pod"),
+                _ok("driver", f"preinstalled driver{version}", [
+                    Evidence("label", keys.DEPLOY_DRIVER,
+                             "pre-installed (set by the operator's coexistence detector)"),
+                    *found,
+                ]),
+            ]  # fmt: skip
         evidence = [
             Evidence("label", keys.DEPLOY_DRIVER, "pre-installed (set by k8s-driver-manager)")
         ]
@@ -613,6 +639,55 @@ def _validator(facts: NodeFacts) -> Link:
     )
 
 
+def _gate_plan(facts: NodeFacts) -> gate.GatePlan | None:
+    """The readiness gate's plan for the node, None when the startup taint is not on it."""
+    taint = facts.startup_taint
+    taints = facts.taints or ()
+    if taint is None or not any(taint.matches(t) for t in taints):
+        return None
+    validators = _pods(facts, VALIDATOR_APP)
+    return gate.plan(
+        gate.GateFacts(
+            taints=taints,
+            gpu_allocatable=gate.allocatable_gpus(facts.allocatable),
+            validator_ready=bool(validators) and validators[0].problem is None,
+        ),
+        taint,
+    )
+
+
+def _gate_sentence(facts: NodeFacts, plan: gate.GatePlan) -> str:
+    if plan.remove:
+        return (
+            f"the startup taint {facts.startup_taint} is still on the node although it validated:"
+            " the operator removes it on its next pass"
+        )
+    return (
+        f"the startup taint {facts.startup_taint} is still on the node: GPU pods without a "
+        f"toleration stay Pending until it has {plan.waiting_for}"
+    )
+
+
+def _gate(facts: NodeFacts) -> Link:
+    if facts.startup_taint is None or facts.taints is None:
+        return _skip("gate", "no startup taint configured (operator.startupTaint)")
+    plan = _gate_plan(facts)
+    if plan is None:
+        return _ok("gate", f"the startup taint {facts.startup_taint} is not on the node")
+    if facts.policy is not None and not facts.policy.validator:
+        fix = "the gate opens on a Ready validator pod: enable the validator, or remove the taint"
+    elif plan.remove:
+        fix = (
+            "if it stays: read the operator's log (it patches spec.taints of the node; RBAC "
+            "`patch nodes`), or remove it by hand: kubectl taint node "
+            f"{facts.name} {facts.startup_taint.key}:{facts.startup_taint.effect}-"
+        )
+    else:
+        fix = "the links above say why the node is not validated yet"
+    evidence = [Evidence("taint", facts.startup_taint.key, str(facts.startup_taint))]
+    raise _fail("gate", _gate_sentence(facts, plan), evidence, fix)
+
+
 def _mig(facts: NodeFacts) -> Link:
     state = facts.labels.get(keys.MIG_CONFIG_STATE)
     config = facts.labels.get(keys.MIG_CONFIG, "")
@@ -668,6 +743,7 @@ def explain(facts: NodeFacts) -> Verdict:
         _device_plugin,
         _allocatable,
         _validator,
+        _gate,
         _mig,
         _upgrade,
     )
@@ -679,7 +755,9 @@ def explain(facts: NodeFacts) -> Verdict:
                 break
     except _Stop as stop:
         links.extend([*stop.before, stop.link])
-    return Verdict(facts.name, tuple(links))
+    # Said whichever link failed first: the taint is why GPU pods stay Pending on the node.
+    plan = _gate_plan(facts)
+    return Verdict(facts.name, tuple(links), _gate_sentence(facts, plan) if plan else "")
 
 
 # ----- snapshots from API objects -----------------------------------------------------------

@@ -33,6 +33,9 @@ class ClusterView:
     coexistence: str = ""
     # The node chain's verdict for the worst GPU node (status/explain.py), "" when all hold.
     worst_node: str = ""
+    # The nodes still behind the readiness gate's startup taint (nodes/gate.py waiting_summary),
+    # "" when none: information, never a reason to be not ready (autoscaled nodes keep coming).
+    startup_gate: str = ""
 
 
 def preinstalled_message(nodes: Sequence[str], shown: int = 5) -> str:
@@ -102,6 +105,8 @@ def build(
         message += "; " + cluster.coexistence
     if cluster.worst_node and not ready:
         message += "; first failing link: " + cluster.worst_node
+    if cluster.startup_gate:
+        message += "; " + cluster.startup_gate
     return {
         "state": "ready" if ready else "notReady",
         "namespace": namespace,

@@ -293,8 +293,14 @@ class Manager:
         if self.events is None:
             return
         for change in changes:
+            # From the resources being served, not the servers: a fault can arrive while a
+            # server registers and before it joins `state.servers`.
             names = sorted(
-                {s.resource.name for s in self.state.servers if s.serves(change.uuid)}
+                {
+                    r.name
+                    for r in self.state.resources
+                    if any(d.uuid == change.uuid for d in r.devices)
+                }
             ) or ["(no resource)"]
             if change.healthy:
                 await self.events.event(
