@@ -49,6 +49,14 @@ def test_a_validated_node_loses_only_the_startup_taint() -> None:
     ]
 
 
+def test_removing_the_only_taint_removes_the_field_as_the_server_would_store_it() -> None:
+    plan = gate.plan(GateFacts(taints=[OURS], gpu_allocatable=1, validator_ready=True), TAINT)
+    assert plan.json_patch() == [
+        {"op": "test", "path": "/spec/taints", "value": [OURS]},
+        {"op": "remove", "path": "/spec/taints"},
+    ]
+
+
 def test_the_taint_matches_on_key_and_effect_whatever_its_value() -> None:
     other_value = {**OURS, "value": "false"}
     plan = gate.plan(GateFacts([other_value], 1, True), TAINT)

@@ -98,9 +98,14 @@ class GatePlan:
 
     def json_patch(self) -> list[dict[str, Any]]:
         """One JSON patch: fail unless spec.taints is still the list the plan read (the guard:
-        a taint added or changed meanwhile is never lost), then replace it without ours."""
+        a taint added or changed meanwhile is never lost), then replace it without ours. The
+        last taint removes the field, as the API server stores an empty list (`omitempty`), so
+        `kubectl get node` shows `<none>` rather than `[]`."""
+        guard = {"op": "test", "path": "/spec/taints", "value": [dict(t) for t in self.seen]}
+        if not self.keep:
+            return [guard, {"op": "remove", "path": "/spec/taints"}]
         return [
-            {"op": "test", "path": "/spec/taints", "value": [dict(t) for t in self.seen]},
+            guard,
             {"op": "replace", "path": "/spec/taints", "value": [dict(t) for t in self.keep]},
         ]
 
