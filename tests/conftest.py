@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,20 @@ OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"
 RBAC_UNEXERCISED = ROOT / "tests" / "chart" / "operator_rbac_unexercised.yaml"
 # Every request the chart's RBAC allowed the operator, across the suites that run it under RBAC.
 OPERATOR_GRANTS: set[tuple[str, Attributes]] = set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest process (each xdist worker) gets a home of its own, so kubectl's discovery
+    cache, helm's settings and the demo's default kubeconfig never cross between tests running at
+    once, and nothing from the user's own home or environment leaks in."""
+    home = Path(tempfile.mkdtemp(prefix="gpu-operator-tests-home-"))
+    os.environ["HOME"] = str(home)
+    for name in (
+        "KUBECONFIG", "KUBECACHEDIR", "HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME",
+        "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+    ):  # fmt: skip
+        os.environ.pop(name, None)
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
 
 
 @pytest.fixture
@@ -95,13 +112,32 @@ def _in_rbac_scope(nodeid: str) -> bool:
     return nodeid.startswith(_RBAC_SCOPE)
 
 
+# Under pytest-xdist each worker records the grants of the tests it ran and hands them to the
+# controller when it finishes; the controller sees every collected id and every report, and judges.
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     _scope_items.update(item.nodeid for item in session.items if _in_rbac_scope(item.nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    _scope_items.update(nodeid for nodeid in ids if _in_rbac_scope(nodeid))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and report.passed and _in_rbac_scope(report.nodeid):
         _scope_passed.add(report.nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    for user, attrs in getattr(node, "workeroutput", {}).get("operator_grants", ()):
+        OPERATOR_GRANTS.add((user, Attributes(*attrs)))
 
 
 def operator_rule_atoms() -> list[tuple[str, Rule]]:
@@ -174,6 +210,11 @@ def unused_operator_permissions(grants: set[tuple[str, Attributes]]) -> tuple[li
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _is_xdist_worker(session.config):
+        session.config.workeroutput["operator_grants"] = [  # type: ignore[attr-defined]
+            (user, tuple(attrs)) for user, attrs in OPERATOR_GRANTS
+        ]
+        return
     if not _scope_items or _scope_items != _scope_passed or not OPERATOR_GRANTS:
         return  # a partial or failing run says nothing about what the operator needs
     unused, stale = unused_operator_permissions(OPERATOR_GRANTS)

@@ -7,8 +7,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from gpu_operator.api import manifests
@@ -86,6 +88,32 @@ def test_deep_nesting_is_refused_with_one_line(tmp_path: Path, levels: int, shap
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert f"nested more than {manifests.MAX_DEPTH} levels deep" in lines[0]
+
+
+class _LibyamlNestingLimit(yaml.SafeLoader):
+    """The pure-Python loader with libyaml 0.2.5's flow-nesting limit (bundled since PyYAML
+    6.0.4): the scanner refuses a 1,000th flow level while it reads ahead for an implicit key."""
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        if self.flow_level >= 999:
+            mark = self.get_mark()
+            raise yaml.scanner.ScannerError(
+                "while increasing flow level", mark, "exceeded maximum nesting depth", mark
+            )
+        super().fetch_flow_collection_start(token_class)
+
+
+@pytest.mark.parametrize("levels", [1_000, 30_000])
+def test_our_nesting_limit_answers_before_the_parsers_own(
+    monkeypatch: pytest.MonkeyPatch, levels: int
+) -> None:
+    text = HEAD + "spec:\n  kataManager:\n    config: " + "[" * levels + "]" * levels + "\n"
+    with pytest.raises(yaml.scanner.ScannerError, match="maximum nesting depth"):
+        list(yaml.parse(text, Loader=_LibyamlNestingLimit))  # the emulation does stop first
+    monkeypatch.setattr(manifests, "_Loader", _LibyamlNestingLimit)
+    with pytest.raises(manifests.ManifestError) as err:
+        manifests.parse_documents(text, "in.yaml")
+    assert str(err.value) == "in.yaml: line 6, column 110: nested more than 100 levels deep"
 
 
 def test_nesting_at_the_limit_is_checked(tmp_path: Path) -> None:

@@ -361,9 +361,12 @@ class Cluster:
     # ----- waiting ----------------------------------------------------------------------------
 
     async def wait_for(
-        self, predicate: Callable[[], bool], timeout: float = 10.0, message: str = "condition"
+        self, predicate: Callable[[], bool], timeout: float = 60.0, message: str = "condition"
     ) -> None:
-        """Wait until `predicate()` holds, re-checking on every store change (and periodically)."""
+        """Wait until `predicate()` holds, re-checking on every store change (and periodically).
+
+        The default deadline suits a loaded machine: a wait ends as soon as the predicate holds.
+        """
         if predicate():
             return
         changed = asyncio.Event()
@@ -382,7 +385,7 @@ class Cluster:
         finally:
             unsubscribe()
 
-    async def settle(self, timeout: float = 10.0) -> None:
+    async def settle(self, timeout: float = 60.0) -> None:
         """Wait until every controller's queue is drained."""
         deadline = time.monotonic() + timeout
         while True:
@@ -392,7 +395,11 @@ class Cluster:
                 if all(c.idle.is_set() for c in self.controllers.values()):
                     return
             if time.monotonic() > deadline:
-                raise TimeoutError("controllers did not settle")
+                busy = sorted(name for name, c in self.controllers.items() if not c.idle.is_set())
+                raise TimeoutError(
+                    f"controllers did not settle within {timeout:g}s; still busy: "
+                    + ", ".join(busy)
+                )
             await asyncio.wait(
                 [asyncio.ensure_future(c.idle.wait()) for c in self.controllers.values()],
                 timeout=max(0.0, deadline - time.monotonic()),

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from waiting import eventually, within
 
 from gpu_operator.agents.config_manager import command, runner, selection
 from gpu_operator.agents.config_manager import files as cm_files
@@ -129,9 +130,9 @@ class Signals:
         return self.running
 
     async def wait_for(self, count: int) -> None:
-        while len(self.sent) < count:
-            self.changed.clear()
-            await asyncio.wait_for(self.changed.wait(), 5)
+        await eventually(
+            lambda: len(self.sent) >= count, f"{count} signal(s) sent", state=lambda: self.sent
+        )
 
 
 class Events:
@@ -295,14 +296,14 @@ async def test_the_loop_follows_label_values_until_stopped(tmp_path: Path) -> No
     task = asyncio.ensure_future(manager.run(_labels([None, "b", "a"], signals), stop))
     await signals.wait_for(3)
     stop.set()
-    assert await asyncio.wait_for(task, 5) == runner.EXIT_OK
+    assert await within(task, "the loop to stop") == runner.EXIT_OK
     assert _link(files) == "/available-configs/a"
 
 
 async def test_oneshot_returns_after_the_first_label_value(tmp_path: Path) -> None:
     files = _setup(tmp_path, a=PLAIN)
     manager, _, _ = _manager(files, oneshot=True)
-    code = await asyncio.wait_for(manager.run(_labels(["a"]), asyncio.Event()), 5)
+    code = await within(manager.run(_labels(["a"]), asyncio.Event()), "the one-shot run")
     assert code == runner.EXIT_OK
     assert _link(files) == "/available-configs/a"
 

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc import aio
+from waiting import DEADLINE, eventually
 
 import kubeletapi
 import kubesim
@@ -222,7 +223,8 @@ async def test_a_hanging_kubelet_never_delays_a_collection(socket_path: Path) ->
     machine = mock.MockMachine.from_preset("t4x4")
     async with fake_kubelet(socket_path) as kubelet:
         kubelet.hanging = True
-        client = podresources.Client(str(socket_path), timeout=30)
+        # The List hangs for longer than the wait below: a collection that waited for it fails.
+        client = podresources.Client(str(socket_path), timeout=3600)
         mapper = podresources.PodMapper(client.list, socket_path=str(socket_path))
         settings = collector.Settings(interval=3600, first_mapping_wait=0.1)
         exporter = collector.Collector(machine.nvml, settings, mapper)
@@ -230,7 +232,7 @@ async def test_a_hanging_kubelet_never_delays_a_collection(socket_path: Path) ->
         stop = asyncio.Event()
         task = asyncio.create_task(exporter.run(stop))
         try:
-            await exporter.wait_for_collections(1, timeout=5)
+            await exporter.wait_for_collections(1, timeout=DEADLINE)
             assert kubelet.calls == 1  # the List is still outstanding
             assert b"DCGM_FI_DEV_GPU_TEMP" in exporter.text
         finally:
@@ -322,7 +324,14 @@ async def running(sim: kubesim.Cluster, *names: str, namespace: str = "default")
         pods = [sim.store.get("pods", n, namespace) or {} for n in names]
         return all((p.get("status") or {}).get("phase") == "Running" for p in pods)
 
-    await sim.wait_for(all_running, timeout=10, message=f"{names} running")
+    await eventually(
+        all_running,
+        f"{names} running",
+        state=lambda: {
+            n: ((sim.store.get("pods", n, namespace) or {}).get("status") or {}).get("phase")
+            for n in names
+        },
+    )
 
 
 async def attributed_text(sim: kubesim.Cluster, machine: mock.MockMachine) -> str:
@@ -366,7 +375,7 @@ async def test_kubesim_pod_resources_attribute_whole_gpus_to_their_pods(
             (sim.store.get("nodes", NODE) or {})["status"]["allocatable"].get("nvidia.com/gpu")
             == "8"
         ),
-        timeout=5,
+        timeout=DEADLINE,
         message="8 GPUs allocatable",
     )
     sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
@@ -407,7 +416,7 @@ async def test_kubesim_pod_resources_attribute_mig_devices_and_shared_replicas(
             )
             == "2"
         ),
-        timeout=5,
+        timeout=DEADLINE,
         message="2 MIG replicas allocatable",
     )
     sim.store.create(gpu_pod("infer-a", "nvidia.com/mig-1g.5gb", 1))

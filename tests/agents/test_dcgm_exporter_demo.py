@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 from kubesim_helpers import KUBECTL, needs_kubectl
 from rich.console import Console
+from waiting import DEADLINE, within
 
 import kubesim
 from gpu_operator.demo import exporters, fleet, programs, session
@@ -85,7 +86,7 @@ class Demo:
         )  # fmt: skip
         self.background.append(proc)
         assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        line = (await within(proc.stdout.readline(), f"port-forward to {pod}")).decode()
         found = re.match(rf"Forwarding from 127\.0\.0\.1:(\d+) -> {port}", line)
         assert found, line
         return int(found.group(1))
@@ -102,7 +103,7 @@ class Demo:
             conditions = ((pod or {}).get("status") or {}).get("conditions") or []
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
-        await self.sim.wait_for(ready, 30, f"{app} pod ready on {NODE}")
+        await self.sim.wait_for(ready, DEADLINE, f"{app} pod ready on {NODE}")
         pod = self.exporter_pod(app)
         assert pod is not None
         return str(pod["metadata"]["name"])
@@ -177,14 +178,14 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
         await demo.sim.wait_for(
             lambda: ((demo.sim.store.get("pods", "trainer", "default") or {}).get("status") or {})
             .get("phase") == "Running",
-            20,
+            DEADLINE,
             "trainer running",
         )  # fmt: skip
         old = await demo.ready_exporter()
         await demo.kubectl("delete", "pod", "-n", NAMESPACE, old, "--wait=false")
         await demo.sim.wait_for(
             lambda: (demo.exporter_pod() or {}).get("metadata", {}).get("name") not in (None, old),
-            30,
+            DEADLINE,
             "a new exporter pod",
         )
         pod = await demo.ready_exporter()
@@ -217,7 +218,7 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
                 (demo.exporter_pod(status_app) or {}).get("metadata", {}).get("name")
                 not in (None, old)
             ),
-            30,
+            DEADLINE,
             "a new node status exporter pod",
         )
         status_port = await demo.port_forward(await demo.ready_exporter(status_app), 8000)
@@ -237,7 +238,7 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
                 s["name"] == "state-dcgm-exporter" and s["state"] == "failed" for s in states
             )
 
-        await demo.sim.wait_for(failed, 20, "state-dcgm-exporter failed")
+        await demo.sim.wait_for(failed, DEADLINE, "state-dcgm-exporter failed")
         shown = await demo.kubectl(
             "get", "clusterpolicy", session.POLICY_NAME, "-o",
             "jsonpath={.status.states[?(@.name=='state-dcgm-exporter')].message}",
@@ -266,7 +267,7 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
                     )
                     == phase
                 ),
-                20,
+                DEADLINE,
                 f"{name} {phase}",
             )
         assert "Generating load on 1 GPU(s) for 1 s" in await demo.kubectl("logs", "short")

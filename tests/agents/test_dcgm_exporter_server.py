@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from typer.testing import CliRunner
+from waiting import DEADLINE, within
 
 from gpu_operator import nvml
 from gpu_operator.agents.dcgm_exporter import collector, command, exposition, server
@@ -41,11 +42,11 @@ async def running(
         command.serve(exporter, f"127.0.0.1:{port}", stop, install_signals=False, serving=serving)
     )
     try:
-        await asyncio.wait_for(serving.wait(), 10)
+        await within(serving.wait(), "the exporter to serve")
         yield exporter, f"http://127.0.0.1:{port}"
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await within(task, "the exporter to stop")
 
 
 async def get(url: str) -> tuple[int, str, str]:
@@ -70,7 +71,7 @@ async def raw(port: int, request: bytes) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(request)
     await writer.drain()
-    data = await asyncio.wait_for(reader.read(), 10)
+    data = await within(reader.read(), "the server to answer and close")
     writer.close()
     return data
 
@@ -136,7 +137,7 @@ async def test_reload_request_rereads_at_once_in_the_running_loop(tmp_path: Path
     ):
         path.write_text("DCGM_FI_DEV_POWER_USAGE, gauge, watts\n")
         exporter.reload()
-        await exporter.wait_for_collections(2)
+        await exporter.wait_for_collections(2, timeout=DEADLINE)
         body = (await get(base + "/metrics"))[2]
         assert "DCGM_FI_DEV_POWER_USAGE{" in body
         assert "DCGM_FI_DEV_GPU_TEMP" not in body
@@ -149,9 +150,9 @@ async def test_an_xid_event_reaches_the_metric_through_the_event_watcher(tmp_pat
     exporter = collector.Collector(machine.nvml, collector.Settings(counters_path=path))
     exporter.start()
     try:
-        assert await asyncio.to_thread(exporter.xids.watching.wait, 5.0)
+        assert await asyncio.to_thread(exporter.xids.watching.wait, DEADLINE)
         machine.inject_xid(2, 48)
-        assert await asyncio.to_thread(exporter.xids.wait_for_count, 1, 5.0)
+        assert await asyncio.to_thread(exporter.xids.wait_for_count, 1, DEADLINE)
         assert exporter.xids.last(machine.gpus[2].uuid) == 48
         text = exporter.render_once().decode()
         assert 'gpu="2"' in text

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from waiting import within
 
 from gpu_operator import nvml
 from gpu_operator.agents import plugin_config as pc
@@ -20,7 +21,6 @@ from kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
 from kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.gpu
-WAIT = 30.0
 
 
 def _real_or_skip() -> real.RealNvml:
@@ -68,7 +68,7 @@ async def test_real_plugin_serves_list_and_watch_and_allocate_without_registerin
         m = manager.Manager(s, real.RealNvml)
         task = asyncio.create_task(m.run(stop=stop, install_signals=False))
         try:
-            await asyncio.wait_for(m.state.serving.wait(), WAIT)
+            await within(m.state.serving.wait(), "the plugin to serve")
             async with grpc.aio.insecure_channel(f"unix://{root / 'nvidia-gpu.sock'}") as channel:
                 stub = pb_grpc.DevicePluginStub(channel)
                 listing = await stub.ListAndWatch(pb.Empty()).read()
@@ -84,6 +84,6 @@ async def test_real_plugin_serves_list_and_watch_and_allocate_without_registerin
                 assert envs == {"NVIDIA_VISIBLE_DEVICES": ids[0]}
         finally:
             stop.set()
-            await asyncio.wait_for(task, WAIT)
+            await within(task, "the plugin to stop")
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from waiting import DEADLINE, eventually_sync
 
 from gpu_operator.agents import plugin_config as pc
 from gpu_operator.agents.device_plugin import devices, facts, health
@@ -16,7 +17,7 @@ from gpu_operator.nvml import errors, mock, real
 from gpu_operator.nvml.protocol import EventData, EventType, RecoveryAction
 
 NOWHERE = Path("/nonexistent-root")
-WAIT = 5.0
+WAIT = DEADLINE
 
 
 def test_default_policy_ignores_only_application_xids() -> None:
@@ -169,10 +170,15 @@ class Recorder:
             self.changes.extend(changes)
             self._cond.notify_all()
 
-    def wait_for(self, n: int) -> list[HealthChange]:
+    def seen(self) -> list[HealthChange]:
         with self._cond:
-            assert self._cond.wait_for(lambda: len(self.changes) >= n, WAIT), self.changes
             return list(self.changes)
+
+    def wait_for(self, n: int) -> list[HealthChange]:
+        eventually_sync(
+            lambda: len(self.seen()) >= n, f"{n} health change(s)", timeout=WAIT, state=self.seen
+        )
+        return self.seen()
 
 
 def monitored(preset: str, cfg: pc.PluginConfig | None = None, **kwargs: object) -> tuple[

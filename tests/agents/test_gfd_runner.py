@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from waiting import within
 
 from gpu_operator import nvml
 from gpu_operator.agents import plugin_config as pc
@@ -61,9 +62,9 @@ async def test_loop_relabels_until_stopped_then_removes_the_output() -> None:
             machine.nvml, sink, settings(sleepInterval="1h"), stop=stop, install_signals=False
         )
     )
-    await asyncio.wait_for(sink.written.wait(), 5)
+    await within(sink.written.wait(), "the labels written")
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await within(task, "GFD to stop")
     assert len(sink.writes) == 1
     assert sink.removed
 
@@ -78,16 +79,16 @@ async def test_sighup_reload_picks_up_a_new_config(tmp_path: Path) -> None:
     task = asyncio.create_task(
         runner.run(machine.nvml, sink, s, stop=stop, reload=reload, install_signals=False)
     )
-    await asyncio.wait_for(sink.written.wait(), 5)
+    await within(sink.written.wait(), "the labels written")
     sink.written.clear()
     path.write_text(
         "flags: {gfd: {sleepInterval: infinite}}\n"
         "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}\n"
     )
     reload.set()
-    await asyncio.wait_for(sink.written.wait(), 5)
+    await within(sink.written.wait(), "the labels written again")
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await within(task, "GFD to stop")
     assert sink.writes[0]["nvidia.com/gpu.replicas"] == "1"
     assert sink.writes[1]["nvidia.com/gpu.replicas"] == "4"
     # "infinite" labels once and idles: upstream keeps the output in that mode.

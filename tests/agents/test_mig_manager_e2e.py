@@ -19,6 +19,7 @@ from typing import Any
 # The kubectl helpers shared by the kubesim suites live beside them (no package to import from).
 from kubesim_helpers import kubectl, needs_kubectl
 from rich.console import Console
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from gpu_operator import nvml, render
@@ -56,8 +57,12 @@ class Cluster:
         reader = gpus_mod.Gpus(machine.nvml, host_mod.MockHost(machine))
         return [gpu.devices for gpu in reader.read()]
 
-    async def until(self, predicate: Any, what: str, timeout: float = 30.0) -> None:
-        await self.sim.wait_for(predicate, timeout=timeout, message=what)
+    def summary(self) -> dict[str, str]:
+        """What a failed wait shows: the node's MIG and deploy labels."""
+        return {k: v for k, v in self.labels().items() if "mig" in k or "deploy" in k}
+
+    async def until(self, predicate: Any, what: str, timeout: float = DEADLINE) -> None:
+        await eventually(predicate, what, timeout=timeout, state=self.summary)
 
 
 def _policy(**spec: Any) -> dict[str, Any]:
@@ -96,12 +101,12 @@ async def mig_fleet(
         )
         task = asyncio.create_task(operator.run())
         try:
-            await asyncio.wait_for(operator.ready.wait(), 30)
+            await within(operator.ready.wait(), "the operator to be ready")
             for obj in objects:
                 sim.store.create(obj)
             sim.store.create(policy)
             await sim.wait_for(
-                lambda: demo.snapshot(sim).converged, timeout=40, message="demo convergence"
+                lambda: demo.snapshot(sim).converged, timeout=DEADLINE, message="demo convergence"
             )
             yield cluster
         finally:
@@ -322,7 +327,9 @@ async def test_the_command_as_a_user_runs_it_follows_the_label_and_stops_on_sigt
                 node = sim.store.get("nodes", "gpu-1") or {}
                 return (node["metadata"].get("labels") or {}).get(keys.MIG_CONFIG_STATE)
 
-            await sim.wait_for(lambda: state() == "success", timeout=30, message="initial state")
+            await sim.wait_for(
+                lambda: state() == "success", timeout=DEADLINE, message="initial state"
+            )
             await kubectl(
                 sim, "label", "node", "gpu-1", "nvidia.com/mig.config=all-3g.40gb", "--overwrite"
             )
@@ -330,7 +337,7 @@ async def test_the_command_as_a_user_runs_it_follows_the_label_and_stops_on_sigt
                 lambda: any(
                     e.get("reason") == "MigConfigApplied" for e in sim.store.list("events")
                 ),
-                timeout=30,
+                timeout=DEADLINE,
                 message="MigConfigApplied",
             )
             assert state() == "success"
@@ -341,6 +348,6 @@ async def test_the_command_as_a_user_runs_it_follows_the_label_and_stops_on_sigt
             )
         finally:
             proc.send_signal(signal.SIGTERM)
-            output, _ = await asyncio.wait_for(proc.communicate(), 30)
+            output, _ = await within(proc.communicate(), "the agent to exit on SIGTERM")
         assert proc.returncode == 0, output.decode()
         assert b"MIG config 'all-3g.40gb': success" in output

@@ -14,6 +14,7 @@ from typing import Any
 
 from kubesim_helpers import kubectl, needs_kubectl
 from rich.console import Console
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from gpu_operator import render
@@ -57,7 +58,7 @@ async def b300_node() -> AsyncIterator[tuple[kubesim.Cluster, programs.Programs]
         )
         task = asyncio.create_task(operator.run())
         try:
-            await asyncio.wait_for(operator.ready.wait(), 30)
+            await within(operator.ready.wait(), "the operator to be ready")
             sim.store.create(
                 {
                     "apiVersion": "v1",
@@ -68,7 +69,7 @@ async def b300_node() -> AsyncIterator[tuple[kubesim.Cluster, programs.Programs]
             )
             sim.store.create(policy)
             await sim.wait_for(
-                lambda: demo.snapshot(sim).converged, timeout=40, message="demo convergence"
+                lambda: demo.snapshot(sim).converged, timeout=90, message="demo convergence"
             )
             yield sim, nodes
         finally:
@@ -89,13 +90,13 @@ def _allocatable(sim: kubesim.Cluster, resource: str) -> str | None:
 
 async def _relabel(sim: kubesim.Cluster, config: str, state: str) -> None:
     await kubectl(sim, "label", "node", NODE, f"nvidia.com/mig.config={config}", "--overwrite")
-    await sim.wait_for(
+    await eventually(
         lambda: (
             _labels(sim).get(keys.MIG_CONFIG) == config
             and _labels(sim).get(keys.MIG_CONFIG_STATE) == state
         ),
-        timeout=30,
-        message=f"{config}: {state}",
+        f"{config}: {state}",
+        state=lambda: {k: v for k, v in _labels(sim).items() if "mig" in k},
     )
 
 
@@ -104,10 +105,15 @@ async def test_upstreams_b300_configs_partition_the_node_and_others_are_refused(
         machine = nodes.nodes[NODE].machine
         assert machine is not None
         await _relabel(sim, "all-balanced", "success")
+        # Each MIG resource is a plugin registration of its own, so the kubelet updates them one
+        # at a time: wait for both before reading the node as a user would.
         await sim.wait_for(
-            lambda: _allocatable(sim, "nvidia.com/mig-1g.34gb") == "16",
-            timeout=30,
-            message="the plugin advertises 2 x 1g.34gb per GPU",
+            lambda: (
+                _allocatable(sim, "nvidia.com/mig-1g.34gb") == "16"
+                and _allocatable(sim, "nvidia.com/mig-3g.135gb") == "8"
+            ),
+            message="the plugin advertises 2 x 1g.34gb and 1 x 3g.135gb per GPU",
+            timeout=DEADLINE,
         )
         got = await kubectl(
             sim,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import DEADLINE, eventually, within
 
 from gpu_operator import nvml
 from gpu_operator.agents.mig_manager import config as cfg
@@ -485,7 +486,7 @@ class Loop:
         self.queue.put_nowait(value)
 
     async def caught_up(self) -> None:
-        await asyncio.wait_for(self.idle.wait(), 5)
+        await within(self.idle.wait(), "the loop to be idle (all values handled)")
 
     async def send(self, value: str | None) -> None:
         self.push(value)
@@ -493,7 +494,7 @@ class Loop:
 
     async def close(self) -> None:
         self.stop.set()
-        await asyncio.wait_for(self.task, 5)
+        await within(self.task, "the loop to stop")
 
 
 async def test_the_loop_applies_the_value_at_start_and_ignores_empty_ones() -> None:
@@ -512,11 +513,11 @@ async def test_values_that_arrive_during_a_change_collapse_to_the_newest() -> No
     rec.gate.clear()
     loop = Loop(rec)
     loop.push("a")
-    await _until(lambda: rec.calls == ["a"])
+    await _until(lambda: rec.calls == ["a"], rec)
     loop.push("b")
     loop.push("c")
     rec.gate.set()
-    await _until(lambda: len(rec.calls) == 2)
+    await _until(lambda: len(rec.calls) == 2, rec)
     await loop.caught_up()
     assert rec.calls == ["a", "c"]
     await loop.close()
@@ -527,7 +528,7 @@ async def test_a_value_changed_back_during_a_change_is_not_applied_twice() -> No
     rec.gate.clear()
     loop = Loop(rec)
     loop.push("a")
-    await _until(lambda: rec.calls == ["a"])
+    await _until(lambda: rec.calls == ["a"], rec)
     loop.push("b")
     loop.push("a")
     rec.gate.set()
@@ -545,11 +546,13 @@ async def test_a_simulated_reboot_runs_the_change_again() -> None:
     await loop.close()
 
 
-async def _until(predicate: Any, timeout: float = 5.0) -> None:
-    """Yield to the loop until `predicate()` holds (failing after `timeout`)."""
-
-    async def spin() -> None:
-        while not predicate():
-            await asyncio.sleep(0)  # a yield, not a delay
-
-    await asyncio.wait_for(spin(), timeout)
+async def _until(predicate: Any, rec: Recorder, timeout: float = DEADLINE) -> None:
+    """Yield to the loop until `predicate()` holds (failing after `timeout` with the calls seen)."""
+    # interval 0: a yield, not a delay
+    await eventually(
+        predicate,
+        "the loop to make the expected calls",
+        timeout=timeout,
+        interval=0,
+        state=lambda: rec.calls,
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
+from waiting import within
 
 import kubesim
 from gpu_operator import nvml
@@ -181,7 +182,7 @@ async def test_the_loop_polls_slow_probes_every_other_round(tmp_path: Path) -> N
     stop = asyncio.Event()
     task = asyncio.create_task(e.run(stop))
     async with e.polled:
-        await asyncio.wait_for(e.polled.wait_for(lambda: e.polls >= 4), 5)
+        await within(e.polled.wait_for(lambda: e.polls >= 4), "4 polls")
     stop.set()
     await task
     assert calls.count("driver") == (e.polls + 1) // 2

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 from vm_hosts import PRESETS, gpus, host
+from waiting import within
 
 import kubeletapi
 from gpu_operator.agents.pci import models, sysfs
@@ -136,7 +137,7 @@ async def test_the_plugin_serves_allocate_and_follows_the_group_files(tmp_path: 
     plugin = manager.Manager(settings)
     stop = asyncio.Event()
     task = asyncio.create_task(plugin.run(stop))
-    await asyncio.wait_for(plugin.serving.wait(), 10)
+    await within(plugin.serving.wait(), "the plugin to serve")
     (endpoint,) = plugin.endpoints
     assert endpoint.resource_name == "nvidia.com/TU104GL_TESLA_T4"
     first = gpus(kernel)[0]
@@ -161,11 +162,11 @@ async def test_the_plugin_serves_allocate_and_follows_the_group_files(tmp_path: 
         # The GPU's VFIO group node goes away: the device turns unhealthy, and back.
         group_node = root / f"dev/vfio/{first.iommu_group}"
         group_node.unlink()
-        changed = await asyncio.wait_for(stream.read(), 10)
+        changed = await within(stream.read(), "the Unhealthy update")
         health = {d.ID: d.health for d in changed.devices}
         assert health[first.address] == kubeletapi.UNHEALTHY
         group_node.write_text("")
-        changed = await asyncio.wait_for(stream.read(), 10)
+        changed = await within(stream.read(), "the Healthy update")
         assert {d.health for d in changed.devices} == {kubeletapi.HEALTHY}
         preferred = await stub.GetPreferredAllocation(
             pb.PreferredAllocationRequest(container_requests=[
@@ -174,5 +175,5 @@ async def test_the_plugin_serves_allocate_and_follows_the_group_files(tmp_path: 
                     allocation_size=2)]))  # fmt: skip
         assert list(preferred.container_responses[0].deviceIDs) == ["c", "a"]
     stop.set()
-    await asyncio.wait_for(task, 10)
+    await within(task, "the plugin to stop")
     assert not endpoint.socket.exists()

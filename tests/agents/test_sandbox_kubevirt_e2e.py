@@ -18,6 +18,7 @@ from typing import Any
 # The kubectl helpers shared by the kubesim suites live beside them (no package to import from).
 from kubesim_helpers import kubectl, needs_kubectl
 from rich.console import Console
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from gpu_operator import render
@@ -31,6 +32,7 @@ from kubesim import KubeletConfig, PodContext
 pytestmark = needs_kubectl
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kubevirt-vgpu.yaml"
 PT, VGPU, CTR = "pt-1", "vgpu-1", "ctr-1"
+KUBECTL_WAIT = f"--timeout={DEADLINE:g}s"  # `kubectl wait`'s deadline
 PASSTHROUGH = "nvidia.com/GA100_A100_SXM4_40GB"
 VIRT_LAUNCHER = "quay.io/kubevirt/virt-launcher:v1.5.0"
 FLEET = fleet.parse(
@@ -70,8 +72,20 @@ class Cluster:
             if p["spec"].get("nodeName") == node
         ]
 
-    async def until(self, predicate: Any, what: str, timeout: float = 30.0) -> None:
-        await self.sim.wait_for(predicate, timeout=timeout, message=what)
+    def summary(self) -> dict[str, Any]:
+        """What a failed wait shows: each node's allocatable and its pods with their phases."""
+        pods: dict[str, list[str]] = {}
+        for p in self.sim.store.list("pods"):
+            node = p["spec"].get("nodeName") or "(unscheduled)"
+            phase = (p.get("status") or {}).get("phase")
+            pods.setdefault(node, []).append(f"{p['metadata']['name']}: {phase}")
+        return {
+            name: {"allocatable": self.allocatable(name), "pods": pods.get(name, [])}
+            for name in (PT, VGPU, CTR)
+        }
+
+    async def until(self, predicate: Any, what: str, timeout: float = DEADLINE) -> None:
+        await eventually(predicate, what, timeout=timeout, state=self.summary)
 
 
 def _example() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -115,12 +129,15 @@ async def vm_fleet() -> AsyncIterator[Cluster]:
         )
         task = asyncio.create_task(operator.run())
         try:
-            await asyncio.wait_for(operator.ready.wait(), 30)
+            await within(operator.ready.wait(), "the operator to be ready")
             for obj in objects:
                 sim.store.create(obj)
             sim.store.create(policy)
-            await sim.wait_for(
-                lambda: demo.snapshot(sim).converged, timeout=60, message="demo convergence"
+            await eventually(
+                lambda: demo.snapshot(sim).converged,
+                "demo convergence",
+                interval=0.1,
+                state=cluster.summary,
             )
             await cluster.until(
                 lambda: (
@@ -198,7 +215,12 @@ async def test_a_virt_launcher_pod_gets_the_vfio_devices_and_the_variables_kubev
             c.sim, "apply", "-f", "-", stdin=_launcher("vm-b", VGPU, "nvidia.com/GRID_T4-4Q")
         )
         await kubectl(
-            c.sim, "wait", "--for=condition=Ready", "pod/vm-a", "pod/vm-b", "--timeout=30s"
+            c.sim,
+            "wait",
+            "--for=condition=Ready",
+            "pod/vm-a",
+            "pod/vm-b",
+            KUBECTL_WAIT,
         )
         passthrough = c.launched["vm-a"].allocation
         assert passthrough is not None
@@ -228,7 +250,7 @@ async def test_a_virt_launcher_pod_gets_the_vfio_devices_and_the_variables_kubev
 async def test_a_node_moves_to_the_container_stack_and_back_with_no_pod_holding_the_other() -> None:
     async with vm_fleet() as c:
         await kubectl(c.sim, "apply", "-f", "-", stdin=_launcher("vm-a", PT, PASSTHROUGH))
-        await kubectl(c.sim, "wait", "--for=condition=Ready", "pod/vm-a", "--timeout=30s")
+        await kubectl(c.sim, "wait", "--for=condition=Ready", "pod/vm-a", KUBECTL_WAIT)
 
         await kubectl(
             c.sim, "label", "node", PT, "nvidia.com/gpu.workload.config=container", "--overwrite"
@@ -243,7 +265,6 @@ async def test_a_node_moves_to_the_container_stack_and_back_with_no_pod_holding_
         await c.until(
             lambda: c.allocatable(PT).get("nvidia.com/gpu") == "8",
             "nvidia.com/gpu advertised again",
-            timeout=60,
         )
         assert c.drivers(PT) == {"nvidia"}
         assert c.allocatable(PT).get(PASSTHROUGH) in (None, "0")
@@ -255,7 +276,7 @@ async def test_a_node_moves_to_the_container_stack_and_back_with_no_pod_holding_
 
         # And back, with a container holding a GPU: the VFIO manager waits for it.
         await kubectl(c.sim, "apply", "-f", "-", stdin=_gpu_pod("cuda", PT))
-        await kubectl(c.sim, "wait", "--for=condition=Ready", "pod/cuda", "--timeout=30s")
+        await kubectl(c.sim, "wait", "--for=condition=Ready", "pod/cuda", KUBECTL_WAIT)
         await kubectl(
             c.sim,
             "label",
@@ -287,7 +308,6 @@ async def test_a_node_moves_to_the_container_stack_and_back_with_no_pod_holding_
         await c.until(
             lambda: c.allocatable(PT).get(PASSTHROUGH) == "8",
             "the passthrough resource back",
-            timeout=60,
         )
         assert c.drivers(PT) == {"vfio-pci"}
         assert c.allocatable(PT).get("nvidia.com/gpu") in (None, "0")
@@ -302,7 +322,6 @@ async def test_relabelling_a_vgpu_node_recreates_its_vgpus_and_a_bad_config_fail
                 and c.labels(VGPU).get("nvidia.com/vgpu.config.state") == "success"
             ),
             "64 T4-1Q vGPUs advertised",
-            timeout=60,
         )
         assert c.allocatable(VGPU).get("nvidia.com/GRID_T4-4Q") in (None, "0")
         assert c.labels(VGPU)["nvidia.com/gpu.deploy.sandbox-device-plugin"] == "true"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from vm_hosts import PRESETS, host
+from waiting import eventually, within
 
 from gpu_operator.agents.pci import models, sysfs
 from gpu_operator.agents.vgpu_device_manager import apply, config, planner, runner, state
@@ -225,8 +226,9 @@ class FakeNode:
             self.evented.notify_all()
 
     async def until_events(self, count: int) -> None:
-        async with self.evented:
-            await asyncio.wait_for(self.evented.wait_for(lambda: len(self.events) >= count), 10)
+        await eventually(
+            lambda: len(self.events) >= count, f"{count} event(s)", state=lambda: self.events
+        )
 
 
 CONFIG = """version: v1
@@ -315,11 +317,11 @@ async def test_run_applies_the_default_then_follows_the_label(tmp_path: Path) ->
     first = asyncio.Event()
     task = asyncio.create_task(manager.run(stop, on_first=first.set))
     await node.values.put(None)
-    await asyncio.wait_for(first.wait(), 10)
+    await within(first.wait(), "the default config applied")
     assert {m.short_name for m in sysfs.mdevs(tmp_path / "host")} == {"T4-4Q"}
     await node.values.put("T4-1Q")
     await node.until_events(2)
     assert node.events[-1][1] == "VgpuConfigApplied"
     stop.set()
-    await asyncio.wait_for(task, 10)
+    await within(task, "the manager to stop")
     assert {m.short_name for m in sysfs.mdevs(tmp_path / "host")} == {"T4-1Q"}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from waiting import DEADLINE
 
 import kubesim
 from gpu_operator.api import crds, keys
@@ -207,7 +208,7 @@ async def test_operator_reconciles_the_installed_chart_to_ready(packaged_chart: 
                 policy = sim.store.get("clusterpolicies.nvidia.com", "cluster-policy") or {}
                 return bool((policy.get("status") or {}).get("state") == "ready")
 
-            await sim.wait_for(ready, timeout=30, message="cluster-policy ready")
+            await sim.wait_for(ready, timeout=DEADLINE, message="cluster-policy ready")
             daemonsets = {
                 d["metadata"]["name"] for d in sim.store.list("daemonsets", namespace=NAMESPACE)
             }
@@ -264,7 +265,9 @@ async def test_the_operator_never_hits_a_403_under_the_charts_rbac(
                 policy = sim.store.get("clusterpolicies.nvidia.com", "cluster-policy") or {}
                 return bool((policy.get("status") or {}).get("state") == "ready")
 
-            await sim.wait_for(ready, timeout=30, message=f"cluster-policy ready with {values}")
+            await sim.wait_for(
+                ready, timeout=DEADLINE, message=f"cluster-policy ready with {values}"
+            )
             assert not sim.auth.denials, list(sim.auth.denials)
         finally:
             task.cancel()

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from waiting import DEADLINE, eventually
+
 import kubesim
 from gpu_operator.api import keys
 from gpu_operator.api.images import IMAGE_ENV
@@ -73,10 +75,41 @@ class Env:
             d["metadata"]["name"]: d for d in self.sim.store.list("daemonsets", namespace=NAMESPACE)
         }
 
-    async def wait(self, predicate: Callable[[], bool], message: str, timeout: float = 20) -> None:
-        await self.sim.wait_for(predicate, timeout=timeout, message=message)
+    def summary(self) -> dict[str, Any]:
+        """What a failed wait shows: each ClusterPolicy's state and its states not ready, and
+        the DaemonSets not rolled out (generation, observed, desired/updated/available)."""
+        shown: dict[str, Any] = {}
+        for name, ds in self.daemonsets().items():
+            status = ds.get("status") or {}
+            counts = [
+                status.get(k) or 0
+                for k in ("desiredNumberScheduled", "updatedNumberScheduled", "numberAvailable")
+            ]
+            generations = [ds["metadata"].get("generation"), status.get("observedGeneration")]
+            if len(set(counts)) > 1 or generations[0] != generations[1]:
+                shown[f"daemonset {name}"] = {"generation": generations, "counts": counts}
+        for found in self.sim.store.list("clusterpolicies.nvidia.com"):
+            status = found.get("status") or {}
+            shown[found["metadata"]["name"]] = {
+                "state": status.get("state"),
+                "notReady": {
+                    s.get("name"): f"{s.get('state')}: {s.get('message', '')}"
+                    for s in status.get("states") or []
+                    if s.get("state") not in ("ready", "disabled")
+                },
+            }
+        return shown
 
-    async def wait_ready(self, name: str = "cluster-policy", timeout: float = 20) -> None:
+    async def wait(
+        self,
+        predicate: Callable[[], bool],
+        message: str,
+        timeout: float = DEADLINE,
+        state: Callable[[], Any] | None = None,
+    ) -> None:
+        await eventually(predicate, message, timeout=timeout, state=state or self.summary)
+
+    async def wait_ready(self, name: str = "cluster-policy", timeout: float = DEADLINE) -> None:
         def ready() -> bool:
             status = self.policy(name).get("status") or {}
             return bool(status.get("state") == "ready")

@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import pytest
+from waiting import within
 
 from gpu_operator.controller import endpoints
 
@@ -31,7 +32,9 @@ def test_bad_addresses_name_the_expected_form(address: str) -> None:
 
 async def _connects(host: str, port: int) -> bool:
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        _, writer = await within(
+            asyncio.open_connection(host, port), f"a connection to {host}:{port}"
+        )
     except OSError:
         return False
     writer.close()

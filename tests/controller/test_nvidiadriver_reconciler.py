@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from operator_harness import NAMESPACE, Env, gpu_node, policy
+from waiting import DEADLINE
 
 from gpu_operator.api import keys
 
@@ -57,7 +58,7 @@ def events(env: Env, reason: str) -> list[dict[str, Any]]:
     return [e for e in found if e.get("reason") == reason]
 
 
-async def wait_state(env: Env, name: str, state: str, timeout: float = 30) -> None:
+async def wait_state(env: Env, name: str, state: str, timeout: float = DEADLINE) -> None:
     await env.wait(lambda: status(env, name).get("state") == state, f"{name} {state}", timeout)
 
 
@@ -114,7 +115,7 @@ async def test_a_conflict_shows_in_both_drivers_and_the_node_gets_no_driver(env:
         assert "gpu-1" in condition(env, name, "Error")["message"]
         assert status(env, name)["state"] == "notReady"
     assert keys.DRIVER_OWNER not in env.node_labels("gpu-1")
-    await env.sim.settle()
+    await env.sim.settle(timeout=DEADLINE)
     assert not [p for p in driver_pods(env) if p["spec"]["nodeName"] == "gpu-1"]
     await env.wait(lambda: len(events(env, "ConflictingNodeSelector")) == 2, "both warned")
     # Removing the second driver's claim resolves it.
@@ -182,7 +183,7 @@ async def test_the_cluster_policy_hands_over_without_restarting_identical_driver
             for p in pods
         )
 
-    await env.wait(adopted, "driver pods adopted by the pool DaemonSet", timeout=40)
+    await env.wait(adopted, "driver pods adopted by the pool DaemonSet")
     await wait_state(env, "default", "ready")
     after = {p["spec"]["nodeName"]: p for p in driver_pods(env)}
     for node, pod in before.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from operator_harness import NAMESPACE, Env, gpu_node, policy
+from waiting import DEADLINE
 
 from gpu_operator.api import keys
 from gpu_operator.nodes import ledger
@@ -96,13 +97,13 @@ async def test_steady_state_makes_no_writes(env: Env) -> None:
     env.sim.store.create(policy())
     env.start_operator()
     await env.wait_ready()
-    await env.sim.settle()
+    await env.sim.settle(timeout=DEADLINE)
     rv = env.sim.store.resource_version
     env.operator.queue.add("policy")
     for name in ("gpu-1", "gpu-2", "cpu-1"):
         env.operator.queue.add(f"node/{name}")
     await env.wait(lambda: len(env.operator.queue) == 0, "queue drained")
-    await env.sim.settle()
+    await env.sim.settle(timeout=DEADLINE)
     changed = [
         o
         for o in env.sim.store.list("daemonsets", namespace=NAMESPACE)
@@ -241,7 +242,7 @@ async def test_leader_election_one_active_and_failover(env: Env) -> None:
     assert first.elector.is_leader.is_set()
     assert not second.elector.is_leader.is_set()
     await env.stop_operator(first)
-    await env.wait(second.elector.is_leader.is_set, "standby took over", timeout=30)
+    await env.wait(second.elector.is_leader.is_set, "standby took over")
     env.sim.store.patch(
         "clusterpolicies.nvidia.com", "cluster-policy", {"spec": {"gfd": {"enabled": False}}}
     )
@@ -300,7 +301,7 @@ async def test_api_faults_converge_without_duplicates_or_leftovers(env: Env) -> 
     await env.wait(lambda: len(env.daemonsets()) >= 3, "some DaemonSets written")
     faults.expire_next_watch(3)
     faults.drop_watches()
-    await env.wait_ready(timeout=40)
+    await env.wait_ready()
     assert faults.injected > 0
     names = [d["metadata"]["name"] for d in env.sim.store.list("daemonsets", namespace=NAMESPACE)]
     assert len(names) == len(set(names))
@@ -311,7 +312,7 @@ async def test_api_faults_converge_without_duplicates_or_leftovers(env: Env) -> 
     )
     faults.restart()
     await env.wait(lambda: "nvidia-dcgm-exporter" not in env.daemonsets(), "exporter pruned")
-    await env.wait_ready(timeout=40)
+    await env.wait_ready()
     services = {s["metadata"]["name"] for s in env.sim.store.list("services", namespace=NAMESPACE)}
     assert "nvidia-dcgm-exporter" not in services
 
@@ -332,7 +333,7 @@ async def test_driver_crd_mode_orphans_the_driver_daemonset(env: Env) -> None:
         {"spec": {"driver": {"useNvidiaDriverCRD": True}}},
     )
     await env.wait(lambda: "nvidia-driver-daemonset" not in env.daemonsets(), "driver DS gone")
-    await env.sim.settle()
+    await env.sim.settle(timeout=DEADLINE)
     remaining = {p["metadata"]["name"] for p in env.sim.store.list("pods", namespace=NAMESPACE)}
     assert set(driver_pods) <= remaining  # orphaned, not deleted: the upgrade flow replaces them
     await env.wait(

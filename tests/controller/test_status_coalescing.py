@@ -71,7 +71,7 @@ async def test_quick_edits_write_the_status_at_most_once_a_second(env: Env) -> N
         value = str(index)
         flip(env, value)
         await env.wait(lambda v=value: rolled_out(env, v), f"the exporter rolled out {value}")
-    await env.wait(lambda: ready_for_generation(env), "ready for the last edit", timeout=10)
+    await env.wait(lambda: ready_for_generation(env), "ready for the last edit")
     times = [t for t, _ in writes]
     assert len(times) >= 2, "creating the policy alone goes notReady, then ready"
     gaps = [b - a for a, b in itertools.pairwise(times)]
@@ -96,7 +96,7 @@ async def test_the_newest_status_is_written_when_the_window_ends_without_another
     # The two-node rollout ended inside the window opened by the ready write: its statuses
     # were deferred, and the pass queued for the window's end writes the newest one, though
     # no event comes after the rollout.
-    await env.wait(lambda: ready_for_generation(env), "ready after the window", timeout=10)
+    await env.wait(lambda: ready_for_generation(env), "ready after the window")
     assert len(writes) == before + 1, [s["state"] for _, s in writes[before - 1 :]]
     previous_at, written_at = writes[before - 1][0], writes[before][0]
     assert written_at > rolled_at

@@ -146,7 +146,7 @@ async def test_our_operator_adopts_nvidias_operands_without_restarting_a_driver(
     unsubscribe = env.sim.store.subscribe(record, keys=[("", "pods")])
     try:
         env.start_operator()
-        await env.wait_ready(timeout=60)
+        await env.wait_ready()
         await env.wait(
             lambda: all(
                 hash_of(d) != hash_of(daemonsets[name])

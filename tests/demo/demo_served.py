@@ -12,6 +12,7 @@ from typing import Any
 
 from kubesim_helpers import KUBECTL
 from rich.console import Console
+from waiting import within
 
 import kubesim
 from gpu_operator.demo import fleet, programs, session
@@ -63,5 +64,10 @@ async def run_kubectl(kubeconfig: Path, *args: str, timeout: float = 60.0) -> tu
         str(KUBECTL), "--kubeconfig", str(kubeconfig), *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    try:
+        out, _ = await within(proc.communicate(), f"kubectl {' '.join(args)}", timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     return proc.returncode or 0, out.decode()

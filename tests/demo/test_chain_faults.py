@@ -16,6 +16,7 @@ from typing import Any
 
 from demo_served import run_kubectl, serve_demo
 from kubesim_helpers import needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator import nvml
@@ -75,10 +76,10 @@ class Demo:
     async def restart(self, app: str) -> None:
         old = self.pod_name(app)
         await self.kubectl("-n", NS, "delete", "pod", old, "--wait=false")
-        await self.sim.wait_for(
+        await eventually(
             lambda: [p["metadata"]["name"] for p in self.pods(app)] not in ([], [old]),
-            30,
             f"a new {app} pod",
+            state=lambda: [p["metadata"]["name"] for p in self.pods(app)],
         )
 
     async def status_names(self, state: str, *words: str) -> str:
@@ -86,10 +87,7 @@ class Demo:
             status = self.state(state)
             return status.startswith("notReady") and all(w in status for w in words)
 
-        try:
-            await self.sim.wait_for(named, 40, f"{state} to name {words}")
-        except TimeoutError as err:
-            raise AssertionError(f"{err}; the states: {self.states()}") from None
+        await eventually(named, f"{state} to name {words}", state=self.states)
         jsonpath = f'{{.status.states[?(@.name=="{state}")].message}}'
         return await self.kubectl(
             "get", "clusterpolicy", session.POLICY_NAME, "-o", f"jsonpath={jsonpath}"
@@ -147,7 +145,7 @@ async def test_a_missing_cdi_spec_fails_toolkit_validation_and_the_policy_names_
         toolkit_pod = demo.pod_name(TOOLKIT_APP)
         await demo.sim.wait_for(
             lambda: _restarted(demo.pods(TOOLKIT_APP)[0]),
-            30,
+            DEADLINE,
             "the toolkit container restarted",
         )
         log = await demo.kubectl(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from test_gpu_journey import CUDA, KUBECTL, Served, served
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.demo import containerd, fleet, runtime_boot
@@ -517,7 +518,11 @@ async def waiting_reason(demo: Served, name: str, reason: str) -> str:
         statuses = (demo.pod(name).get("status") or {}).get("containerStatuses") or [{}]
         return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason") == reason
 
-    await demo.sim.wait_for(reached, 20, f"{name} waiting in {reason}")
+    await eventually(
+        reached,
+        f"{name} waiting in {reason}",
+        state=lambda: (demo.pod(name).get("status") or {}).get("containerStatuses"),
+    )
     _, described = await demo.kubectl("describe", "pod", name)
     return described
 
@@ -598,11 +603,11 @@ async def test_each_runtime_failure_shows_in_kubectl(tmp_path: Path) -> None:
             "-p", '{"spec": {"toolkit": {"enabled": false}}}',
         )  # fmt: skip
         await demo.sim.wait_for(
-            lambda: "nvidia" not in runtime.handlers(), 20, "the toolkit's handlers gone"
+            lambda: "nvidia" not in runtime.handlers(), DEADLINE, "the toolkit's handlers gone"
         )
         await create(demo, tmp_path, gpu_pod("no-handler", node, handler="nvidia"))
         await demo.sim.wait_for(
-            lambda: sandbox_failures(demo, "no-handler"), 10, "FailedCreatePodSandBox"
+            lambda: sandbox_failures(demo, "no-handler"), DEADLINE, "FailedCreatePodSandBox"
         )
         _, described = await demo.kubectl("describe", "pod", "no-handler")
         assert "FailedCreatePodSandBox" in described
@@ -617,7 +622,7 @@ async def test_each_runtime_failure_shows_in_kubectl(tmp_path: Path) -> None:
         runtime.signal(signal.SIGHUP)
         await create(demo, tmp_path, gpu_pod("no-binary", node, handler="nvidia"))
         await demo.sim.wait_for(
-            lambda: sandbox_failures(demo, "no-binary"), 10, "FailedCreatePodSandBox"
+            lambda: sandbox_failures(demo, "no-binary"), DEADLINE, "FailedCreatePodSandBox"
         )
         _, described = await demo.kubectl("describe", "pod", "no-binary")
         assert f"fork/exec {NVIDIA_BINARY}: no such file or directory" in described
@@ -625,14 +630,14 @@ async def test_each_runtime_failure_shows_in_kubectl(tmp_path: Path) -> None:
         # A config that does not parse: containerd does not come back, the node is NotReady.
         config.write_text("version = 3\n[plugins\n")
         runtime.restart()
-        await demo.sim.wait_for(lambda: not _ready(demo, node), 10, "node NotReady")
+        await demo.sim.wait_for(lambda: not _ready(demo, node), DEADLINE, "node NotReady")
         _, nodes = await demo.kubectl("get", "node", node)
         assert "NotReady" in nodes
         _, described = await demo.kubectl("describe", "node", node)
         assert "container runtime is down" in described
         config.write_text(runtime_boot.CONTAINERD_V3)
         runtime.restart()
-        await demo.sim.wait_for(lambda: _ready(demo, node), 10, "node Ready again")
+        await demo.sim.wait_for(lambda: _ready(demo, node), DEADLINE, "node Ready again")
 
 
 def sandbox_failures(demo: Served, pod: str) -> bool:

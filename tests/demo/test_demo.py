@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
+from waiting import DEADLINE, eventually, within
 
 from gpu_operator.api import keys
 from gpu_operator.cli import app
@@ -30,7 +31,7 @@ def _options(**extra: object) -> session.Options:
     base: dict[str, object] = {
         "fleet": fleet.NAMED["small"],
         "timing": programs.Timing(scale=0.0),
-        "timeout": 25.0,
+        "timeout": DEADLINE,  # for convergence
         "live": False,
         "progress_interval": 0.2,
     }
@@ -126,12 +127,16 @@ async def test_serve_answers_kubectl_and_stops_on_sigterm(tmp_path: Path) -> Non
         session.run(_options(serve=True, kubeconfig_out=kubeconfig), console)
     )
 
-    async def printed(text: str) -> None:
-        while text not in out.getvalue():
-            assert not task.done(), out.getvalue()
-            await asyncio.sleep(0.05)
+    def printed(text: str) -> bool:
+        assert not task.done(), out.getvalue()
+        return text in out.getvalue()
 
-    await asyncio.wait_for(printed("Press Ctrl-C to stop."), 25)
+    await eventually(
+        lambda: printed("Press Ctrl-C to stop."),
+        "the demo to serve",
+        interval=0.05,
+        state=lambda: out.getvalue()[-1000:],
+    )
     assert f"Kubeconfig: {kubeconfig}" in out.getvalue()
     proc = await asyncio.create_subprocess_exec(
         str(KUBECTL), "--kubeconfig", str(kubeconfig), "get", "nodes", "--show-labels",
@@ -141,6 +146,6 @@ async def test_serve_answers_kubectl_and_stops_on_sigterm(tmp_path: Path) -> Non
     assert proc.returncode == 0, stdout
     assert b"nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB" in stdout
     os.kill(os.getpid(), signal.SIGTERM)
-    result = await asyncio.wait_for(task, 15)
+    result = await within(task, "the demo to stop on SIGTERM")
     assert result.converged
     assert "stopping" in out.getvalue()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubesim_helpers import KUBECTL, needs_kubectl
 from rich.console import Console
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.agents.pci import simulated
@@ -70,8 +71,19 @@ class Demo:
                 return dict(status)
         return {}
 
-    async def wait(self, what: str, check: Any, timeout: float = 30) -> None:
-        await self.sim.wait_for(check, timeout, what)
+    def summary(self) -> dict[str, Any]:
+        """What a failed wait shows: the driver pods' container states."""
+        return {
+            f"{pod['spec'].get('nodeName')}/{pod['metadata']['name']}": {
+                s.get("name"): s.get("state")
+                for s in (pod.get("status") or {}).get("containerStatuses") or []
+            }
+            for pod in self.sim.store.list("pods", NS)
+            if (pod["metadata"].get("labels") or {}).get("app", "").startswith(DRIVER_APP)
+        }
+
+    async def wait(self, what: str, check: Any, timeout: float = DEADLINE) -> None:
+        await eventually(check, what, timeout=timeout, state=self.summary)
 
     async def crash_looping(self, node: str) -> str:
         """The driver pod of a node once its driver container failed and waits to restart."""
@@ -96,7 +108,7 @@ def _policy(**driver: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def served(
-    pools: list[dict[str, Any]] | str, tmp_path: Path, *, timeout: float = 40.0, **extra: Any
+    pools: list[dict[str, Any]] | str, tmp_path: Path, *, timeout: float = DEADLINE, **extra: Any
 ) -> AsyncIterator[Demo]:
     """The demo on these pools (or a named fleet), serving kubectl once it converged or
     `timeout` passed (a failing driver never converges)."""
@@ -118,7 +130,7 @@ async def served(
     task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
     try:
         done, _ = await asyncio.wait(
-            {task, ready}, timeout=timeout + 30, return_when="FIRST_COMPLETED"
+            {task, ready}, timeout=timeout + DEADLINE, return_when="FIRST_COMPLETED"
         )
         assert ready in done, buffer.getvalue()
         sim, nodes = ready.result()
@@ -242,7 +254,9 @@ async def test_an_unsigned_driver_on_a_secure_boot_node_crash_loops_with_the_ker
         assert status["lastState"]["terminated"]["exitCode"] == 1
         # The ClusterPolicy status names the node and the kernel's refusal.
         await demo.sim.wait_for(
-            lambda: refusal in _state_message(demo, "state-driver"), 30, "state-driver names it"
+            lambda: refusal in _state_message(demo, "state-driver"),
+            DEADLINE,
+            "state-driver names it",
         )
         jsonpath = '{.status.states[?(@.name=="state-driver")].message}'
         shown = await demo.ok(

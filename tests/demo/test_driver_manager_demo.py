@@ -17,6 +17,7 @@ from typing import Any
 
 from demo_served import serve_demo
 from kubesim_helpers import KUBECTL, needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.agents.pci import simulated
@@ -106,8 +107,19 @@ class Demo:
     def loaded_version(self) -> str | None:
         return simulated.nvidia_version(self.sim.node_root(NODE))
 
-    async def until(self, predicate: Any, what: str, timeout: float = 60) -> None:
-        await self.sim.wait_for(predicate, timeout=timeout, message=what)
+    def summary(self) -> dict[str, Any]:
+        """What a failed wait shows: the loaded driver and the node's pods with their phases."""
+        return {
+            "loaded": self.loaded_version(),
+            "pods": {
+                p["metadata"]["name"]: (p.get("status") or {}).get("phase")
+                for namespace in ("default", session.NAMESPACE)
+                for p in self.pods(namespace)
+            },
+        }
+
+    async def until(self, predicate: Any, what: str, timeout: float = DEADLINE) -> None:
+        await eventually(predicate, what, timeout=timeout, state=self.summary)
 
 
 @asynccontextmanager

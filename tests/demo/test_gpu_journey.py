@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from gpu_operator.demo import fleet, programs, session
@@ -61,7 +62,8 @@ class Served:
             str(KUBECTL), *args,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
         )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        # Longer than DEADLINE: a `kubectl wait --timeout` within it says what it waited for.
+        out, _ = await within(proc.communicate(), f"kubectl {' '.join(args)}", 2 * DEADLINE)
         text = out.decode()
         code = proc.returncode or 0
         if check:
@@ -84,7 +86,9 @@ class Served:
         def reached() -> bool:
             return (self.pod(name).get("status") or {}).get("phase") in phases
 
-        await self.sim.wait_for(reached, 20, f"pod {name} {phases}")
+        await eventually(
+            reached, f"pod {name} {phases}", state=lambda: self.pod(name).get("status")
+        )
         return str(self.pod(name)["status"]["phase"])
 
     async def running(self, name: str) -> None:
@@ -92,7 +96,7 @@ class Served:
             statuses = (self.pod(name).get("status") or {}).get("containerStatuses") or []
             return bool(statuses) and all("running" in (s.get("state") or {}) for s in statuses)
 
-        await self.sim.wait_for(up, 20, f"pod {name} running")
+        await eventually(up, f"pod {name} running", state=lambda: self.pod(name).get("status"))
 
     def operand_pod(self, app_prefix: str, node: str) -> str:
         for pod in self.sim.store.list("pods", session.NAMESPACE):
@@ -116,14 +120,16 @@ async def served(
         serve=True,
         kubeconfig_out=tmp_path / "kubeconfig",
         timing=programs.Timing(scale=0.0),
-        timeout=40.0,
+        timeout=DEADLINE,  # for convergence
         live=False,
         on_serving=lambda sim, nodes: ready.set_result((sim, nodes)),
         **extra,
     )
     task = asyncio.ensure_future(session.run(options, Console(file=buffer, width=200)))
     try:
-        done, _ = await asyncio.wait({task, ready}, timeout=60, return_when="FIRST_COMPLETED")
+        done, _ = await asyncio.wait(
+            {task, ready}, timeout=2 * DEADLINE, return_when="FIRST_COMPLETED"
+        )
         assert ready in done, buffer.getvalue()
         sim, nodes = ready.result()
         yield Served(sim, nodes, tmp_path / "kubeconfig")
@@ -180,7 +186,7 @@ async def test_the_seed_journey_runs_nvidia_smi_on_one_gpu_and_exec_sees_only_it
         big.write_text(_gpu_pod("too-big", 9))
         await demo.kubectl("create", "-f", str(big))
         await demo.kubectl(
-            "wait", "pod/too-big", "--for=condition=PodScheduled=false", "--timeout=20s"
+            "wait", "pod/too-big", "--for=condition=PodScheduled=false", f"--timeout={DEADLINE:g}s"
         )
         _, events = await demo.kubectl(
             "get", "events", "--field-selector", "involvedObject.name=too-big"
@@ -218,14 +224,18 @@ async def test_an_xid_drops_allocatable_and_a_gpu_reset_brings_it_back(tmp_path:
             "exec", "-n", session.NAMESPACE, driver, "--", "demo-gpu-fault", "xid", "2", "48"
         )
         assert "XID 48 raised on GPU 2" in out
-        await demo.sim.wait_for(lambda: demo.allocatable("t4-1") == "3", 10, "GPU 2 unhealthy")
+        await demo.sim.wait_for(
+            lambda: demo.allocatable("t4-1") == "3", DEADLINE, "GPU 2 unhealthy"
+        )
         _, described = await demo.kubectl("describe", "node", "t4-1")
         assert "GPUUnhealthy" in described
         _, reset = await demo.kubectl(
             "exec", "-n", session.NAMESPACE, driver, "--", "nvidia-smi", "-r", "-i", "2"
         )
         assert "was successfully reset" in reset
-        await demo.sim.wait_for(lambda: demo.allocatable("t4-1") == "4", 10, "GPU 2 recovered")
+        await demo.sim.wait_for(
+            lambda: demo.allocatable("t4-1") == "4", DEADLINE, "GPU 2 recovered"
+        )
         _, described = await demo.kubectl("describe", "node", "t4-1")
         assert "GPUHealthy" in described
 
@@ -256,9 +266,9 @@ async def test_the_seed_time_slicing_config_makes_four_replicas_per_gpu(tmp_path
 
         # Another named config for this node: plugin and GFD reload and agree.
         await demo.kubectl("label", "node", "t4-1", "nvidia.com/device-plugin.config=two")
-        await demo.sim.wait_for(lambda: demo.allocatable("t4-1") == "8", 10, "2 replicas")
+        await demo.sim.wait_for(lambda: demo.allocatable("t4-1") == "8", DEADLINE, "2 replicas")
         await demo.sim.wait_for(
-            lambda: demo.labels("t4-1").get("nvidia.com/gpu.replicas") == "2", 10, "GFD"
+            lambda: demo.labels("t4-1").get("nvidia.com/gpu.replicas") == "2", DEADLINE, "GFD"
         )
 
         # A name the ConfigMap lacks: an Event, and the node keeps its last good config.
@@ -275,7 +285,7 @@ async def test_the_seed_time_slicing_config_makes_four_replicas_per_gpu(tmp_path
                 e.get("reason") == "DevicePluginConfigRejected"
                 for e in demo.sim.store.list("events", session.NAMESPACE)
             ),
-            10,
+            DEADLINE,
             "rejection event",
         )
         described = await rejected()

@@ -12,7 +12,6 @@ import asyncio
 import io
 import json
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import pytest
 from demo_served import run_kubectl
 from kubesim_helpers import needs_kubectl
 from rich.console import Console
+from waiting import DEADLINE, deadline, eventually
 
 from gpu_operator.controller import nodelabels
 from gpu_operator.demo import fleet, install, programs, session
@@ -92,13 +92,9 @@ class Demo:
         return code, json.loads(out)
 
     async def until(
-        self, check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60
+        self, check: Callable[[], Awaitable[bool]], what: str, timeout: float = DEADLINE
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while not await check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.3)
+        await eventually(check, what, timeout=timeout, interval=0.3)
 
 
 @asynccontextmanager
@@ -167,7 +163,7 @@ async def test_autoscaled_gpu_nodes_open_to_gpu_pods_only_once_their_chain_valid
         async def opened() -> bool:
             return not await demo.taints("a100-1")
 
-        await demo.until(opened, "the startup taint to leave a100-1", timeout=90)
+        await demo.until(opened, "the startup taint to leave a100-1", timeout=deadline(90))
         events = await demo.kubectl(
             "get", "events", "--field-selector",
             f"involvedObject.name=a100-1,reason={nodelabels.GATE_REASON}",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.demo import fleet, install, programs, session
@@ -73,15 +73,10 @@ class Served:
         self,
         condition: Callable[[], bool],
         what: str,
-        timeout: float = 30,
+        timeout: float = DEADLINE,
         shown: Callable[[], str] | None = None,
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                last = f" (last seen: {shown()})" if shown is not None else ""
-                raise AssertionError(f"timed out waiting for {what}{last}")
-            await asyncio.sleep(0.05)
+        await eventually(condition, what, timeout=timeout, interval=0.05, state=shown)
 
 
 @asynccontextmanager
@@ -164,7 +159,11 @@ async def test_an_edit_behind_the_toolkits_back_is_re_applied_with_an_event(tmp_
         ours = config.read_bytes()
         # A node-image update rewrites config.toml without the toolkit's imports line.
         updated = original_config(demo, node).replace(b"oom_score = 0", b"oom_score = -999")
-        config.write_bytes(updated)
+        # Replaced at once, as an image update would: the agent reads the file in a thread, and
+        # a write in place could show it the emptied file in between (then it rewrites that).
+        staged = config.with_name(config.name + ".new")
+        staged.write_bytes(updated)
+        os.replace(staged, config)
         await demo.until(lambda: b"conf.d/*.toml" in config.read_bytes(), "the import again")
         assert b"oom_score = -999" in config.read_bytes()
         assert config.read_bytes() != ours
@@ -180,12 +179,16 @@ async def test_an_edit_behind_the_toolkits_back_is_re_applied_with_an_event(tmp_
                 "custom-columns=TYPE:.type,OBJ:.involvedObject.name,MSG:.message",
             )
 
-        deadline = time.monotonic() + 30
-        events = await drift_event()
-        while node not in events and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            events = await drift_event()
-        assert node in events, events
+        last = [""]
+
+        async def drifted() -> bool:
+            last[0] = await drift_event()
+            return node in last[0]
+
+        await eventually(
+            drifted, f"a RuntimeConfigDrift Event for {node}", interval=0.2, state=lambda: last[0]
+        )
+        events = last[0]
         assert "Warning" in events, events
         assert "/etc/containerd/config.toml: added /etc/containerd/conf.d/*.toml" in events
         logs = await demo.kubectl("-n", session.NAMESPACE, "logs", demo.toolkit_pod(node))
@@ -220,7 +223,6 @@ async def test_an_unwritable_runtime_config_fails_the_toolkit_and_the_policy_nam
         await demo.until(
             lambda: "configuring containerd failed" in toolkit_status(),
             "the ClusterPolicy status names the toolkit's failure",
-            timeout=60,
             shown=toolkit_status,
         )
         status = toolkit_status()

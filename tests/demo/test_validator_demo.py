@@ -13,6 +13,7 @@ from typing import Any
 
 from demo_served import run_kubectl, serve_demo
 from kubesim_helpers import needs_kubectl
+from waiting import DEADLINE
 
 import kubesim
 from gpu_operator.demo import fleet, session
@@ -143,9 +144,9 @@ async def test_a_failing_cuda_workload_fails_cuda_validation_and_the_policy_name
             status = demo.validation_status()
             return status.startswith("notReady") and ECC_ERROR in status
 
-        await demo.sim.wait_for(named, 30, "the ClusterPolicy status names the CUDA error")
+        await demo.sim.wait_for(named, DEADLINE, "the ClusterPolicy status names the CUDA error")
         await demo.sim.wait_for(
-            lambda: demo.restarts("cuda-validation") >= 1, 30, "cuda-validation retried"
+            lambda: demo.restarts("cuda-validation") >= 1, DEADLINE, "cuda-validation retried"
         )
         status = demo.validation_status()
         assert f"{NODE}: init container cuda-validation" in status
@@ -173,5 +174,5 @@ async def test_a_failing_cuda_workload_fails_cuda_validation_and_the_policy_name
             "nvidia-smi", "-r", "-i", "0",
         )  # fmt: skip
         await demo.sim.wait_for(
-            lambda: demo.validation_status().startswith("ready"), 30, "validation ready again"
+            lambda: demo.validation_status().startswith("ready"), DEADLINE, "validation ready again"
         )

@@ -51,7 +51,7 @@ async def test_a_stuck_reconcile_fails_liveness(env: Env) -> None:
         env.sim.store.patch(
             "clusterpolicies.nvidia.com", "cluster-policy", {"spec": {"gfd": {"enabled": False}}}
         )
-        await env.wait(lambda: not health.liveness(rt)[0], "liveness failing", timeout=10)
+        await env.wait(lambda: not health.liveness(rt)[0], "liveness failing")
         response = await http.get("/healthz")
         assert response.status == 503
         assert "stuck" in await response.text()

@@ -30,7 +30,7 @@ async def test_three_policies_created_at_once_log_no_exception(
         ):
             env.sim.store.create(named("policy-c"))
             policies = env.operator.runtime.caches["clusterpolicies"].objects
-            await env.wait(lambda: "policy-c" in policies, "the operator saw policy-c", 5)
+            await env.wait(lambda: "policy-c" in policies, "the operator saw policy-c")
         await before(verb, resource)
 
     faults.before = third_arrives_mid_pass  # type: ignore[method-assign]
@@ -70,7 +70,7 @@ async def test_deeply_nested_policy_is_invalid_and_the_watch_lives_on(env: Env, 
         conditions = (status.get("status") or {}).get("conditions") or []
         return any(c.get("reason") == "InvalidSpec" for c in conditions)
 
-    await env.wait(invalid, "the nested policy reported InvalidSpec", timeout=10)
+    await env.wait(invalid, "the nested policy reported InvalidSpec")
     status = env.sim.store.get("clusterpolicies.nvidia.com", "hostile")
     assert status is not None
     ready = next(c for c in status["status"]["conditions"] if c["type"] == "Ready")
@@ -79,7 +79,7 @@ async def test_deeply_nested_policy_is_invalid_and_the_watch_lives_on(env: Env, 
     # The watch still works: replacing the hostile policy with a sane one converges.
     env.sim.store.delete("clusterpolicies.nvidia.com", "hostile")
     env.sim.store.create(policy())
-    await env.wait_ready(timeout=10)
+    await env.wait_ready()
 
 
 async def test_invalid_policy_says_its_states_were_not_evaluated(env: Env) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from kubesim_helpers import kubectl, needs_kubectl
@@ -22,23 +21,33 @@ def events(env: Env, reason: str) -> list[dict[str, Any]]:
     return [e for e in found if e.get("reason") == reason]
 
 
-async def test_rejected_daemonset_write_fails_the_state_within_a_second(env: Env) -> None:
+async def test_rejected_daemonset_write_fails_the_state_at_the_first_refusal(env: Env) -> None:
     env.sim.store.create(policy())
     env.start_operator()
     await env.wait_ready()
     faults = env.sim.faults
-    rule = faults.add(verb="patch", resource="daemonsets.apps", code=403)
-    env.sim.store.patch(
-        POLICIES, "cluster-policy",
-        {"spec": {"dcgmExporter": {"env": [{"name": "DCGM_EXPORTER_DEBUG", "value": "1"}]}}},
-    )  # fmt: skip
-    edited = time.monotonic()
 
     def failed() -> bool:
         return state_of(env, "state-dcgm-exporter").get("state") == "failed"
 
-    await env.wait(failed, "state-dcgm-exporter failed", timeout=5)
-    assert time.monotonic() - edited < 1.0
+    rule = faults.add(verb="patch", resource="daemonsets.apps", code=403)
+    # "At once" without a clock: how many writes had been refused when the status first said
+    # failed, seen synchronously as the status is committed (retries back off; the first says).
+    refused_when_failed: list[int] = []
+
+    def record(_event: Any) -> None:
+        if not refused_when_failed and failed():
+            refused_when_failed.append(faults.injected)
+
+    unsubscribe = env.sim.store.subscribe(record)
+    env.sim.store.patch(
+        POLICIES, "cluster-policy",
+        {"spec": {"dcgmExporter": {"env": [{"name": "DCGM_EXPORTER_DEBUG", "value": "1"}]}}},
+    )  # fmt: skip
+
+    await env.wait(failed, "state-dcgm-exporter failed")
+    unsubscribe()
+    assert refused_when_failed == [1]
     status = env.policy()["status"]
     assert status["state"] == "notReady"
     message = state_of(env, "state-dcgm-exporter")["message"]
@@ -52,7 +61,7 @@ async def test_rejected_daemonset_write_fails_the_state_within_a_second(env: Env
     seen = faults.injected
     await env.wait(lambda: faults.injected >= seen + 2, "the write retried")
     faults.remove(rule)
-    await env.wait_ready(timeout=10)
+    await env.wait_ready()
     exporter = env.daemonsets()["nvidia-dcgm-exporter"]
     env_vars = exporter["spec"]["template"]["spec"]["containers"][0].get("env") or []
     assert {"name": "DCGM_EXPORTER_DEBUG", "value": "1"} in env_vars
@@ -72,7 +81,6 @@ async def test_deleted_operator_namespace_is_reported_not_ready(env: Env) -> Non
     await env.wait(
         lambda: (env.policy().get("status") or {}).get("state") == "notReady",
         "policy notReady after its namespace went",
-        timeout=5,
     )
     message = state_of(env, "gpu-feature-discovery").get("message", "")
     assert NAMESPACE in message or "not found" in message.lower(), message
@@ -96,7 +104,7 @@ async def test_state_failed_event_outlives_the_deleted_operator_namespace(env: E
             e for e in events(env, "StateFailed") if e["involvedObject"]["kind"] == "ClusterPolicy"
         ]
 
-    await env.wait(lambda: bool(about_the_policy()), "a StateFailed Event in default", timeout=5)
+    await env.wait(lambda: bool(about_the_policy()), "a StateFailed Event in default")
     event = about_the_policy()[0]
     assert event["involvedObject"]["name"] == "cluster-policy"
     assert event["type"] == "Warning"

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from waiting import DEADLINE
 
 import kubesim
 from gpu_operator.api import crds, keys
@@ -94,7 +95,7 @@ async def gpu_cluster() -> AsyncIterator[kubesim.Cluster]:
                 (p.get("status") or {}).get("phase") == "Running" for p in pods
             )
 
-        await cluster.wait_for(settled, 30, "every pod running, the validator restarted once")
+        await cluster.wait_for(settled, DEADLINE, "every pod running, the validator restarted once")
         yield cluster
 
 

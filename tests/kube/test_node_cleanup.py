@@ -6,6 +6,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from waiting import DEADLINE
+
 import kubesim
 from gpu_operator.api import keys
 from gpu_operator.kube import node_cleanup, node_features
@@ -82,7 +84,7 @@ async def test_command_waits_for_the_operator_pods_then_cleans_every_node() -> N
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         # It polls for the operator's pod and cleans nothing while the pod is there.
-        await sim.wait_for(lambda: sim.stats.count("list", "pods") >= 2, timeout=30)
+        await sim.wait_for(lambda: sim.stats.count("list", "pods") >= 2, timeout=DEADLINE)
         assert (sim.store.get("nodes", "a") or {})["metadata"]["labels"][keys.GPU_PRESENT]
         sim.store.delete("pods", "op", namespace="gpu", grace=0)
         out, _ = await asyncio.wait_for(proc.communicate(), 60)

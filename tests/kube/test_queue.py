@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from waiting import eventually, within
+
 from gpu_operator.kube.queue import WorkQueue
+
+# Longer than any wait of these tests (DEADLINE), so a key that arrives came from the short timer.
+LONG = 600.0
 
 
 def due(queue: WorkQueue, key: str) -> float:
@@ -15,19 +20,19 @@ def due(queue: WorkQueue, key: str) -> float:
 
 
 async def test_add_within_brings_a_later_retry_forward() -> None:
-    queue = WorkQueue(base_delay=30.0, max_delay=30.0)
-    queue.retry("policy")  # a 30 s backoff
+    queue = WorkQueue(base_delay=LONG, max_delay=LONG)
+    queue.retry("policy")  # a 10 min backoff
     queue.add_within("policy", 0.05)
     assert due(queue, "policy") <= 0.05
-    assert await asyncio.wait_for(queue.get(), 2) == "policy"
+    assert await within(queue.get(), "the key, brought forward") == "policy"
 
 
 async def test_add_within_keeps_an_earlier_pending_time() -> None:
     queue = WorkQueue()
     queue.add_after("policy", 0.05)
-    queue.add_within("policy", 30.0)
+    queue.add_within("policy", LONG)
     assert due(queue, "policy") <= 0.05
-    assert await asyncio.wait_for(queue.get(), 2) == "policy"
+    assert await within(queue.get(), "the key at its earlier time") == "policy"
 
 
 async def test_add_within_does_nothing_to_a_key_already_queued() -> None:
@@ -43,11 +48,10 @@ async def test_add_within_while_processing_runs_the_key_again_after_done() -> No
     queue.add("policy")
     assert await queue.get() == "policy"
     queue.add_within("policy", 0.01)
-    await asyncio.wait_for(_until(lambda: "policy" not in queue._timers), 2)
+    await _until(lambda: "policy" not in queue._timers, "the timer to fire", queue)
     queue.done("policy")
-    assert await asyncio.wait_for(queue.get(), 2) == "policy"
+    assert await within(queue.get(), "the key again after done") == "policy"
 
 
-async def _until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.005)
+async def _until(condition: Callable[[], bool], what: str, queue: WorkQueue) -> None:
+    await eventually(condition, what, interval=0.005, state=lambda: dict(queue._timers))

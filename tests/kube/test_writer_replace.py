@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.kube import client as kube_client
@@ -57,7 +58,13 @@ async def running_pod(sim: kubesim.Cluster) -> dict[str, Any]:
         found = pods(sim)
         return len(found) == 1 and (found[0].get("status") or {}).get("phase") == "Running"
 
-    await sim.wait_for(one_running, timeout=10, message="one running operand pod")
+    await eventually(
+        one_running,
+        "one running operand pod",
+        state=lambda: [
+            (p["metadata"]["name"], (p.get("status") or {}).get("phase")) for p in pods(sim)
+        ],
+    )
     return pods(sim)[0]
 
 
@@ -84,7 +91,7 @@ async def test_new_selector_matching_the_old_pods_keeps_and_adopts_them(
         assert live["metadata"]["uid"] != old_uid
         await sim.wait_for(
             lambda: [owner_uid(p) for p in pods(sim)] == [live["metadata"]["uid"]],
-            timeout=10,
+            timeout=DEADLINE,
             message="the old pod adopted by the new DaemonSet",
         )
         assert pods(sim)[0]["metadata"]["uid"] == before["metadata"]["uid"]  # never restarted

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from waiting import DEADLINE, within
 
 import kubesim
 from kubesim import KubeletConfig
@@ -35,7 +36,17 @@ async def kubectl(
         stderr=asyncio.subprocess.STDOUT,
         env=env,
     )
-    out, _ = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), 60)
+    try:
+        # Longer than DEADLINE: `kubectl wait --timeout` within it says what it waited for.
+        out, _ = await within(
+            proc.communicate(stdin.encode() if stdin else None),
+            f"kubectl {' '.join(args)}",
+            2 * DEADLINE,
+        )
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     text = out.decode()
     if check:
         assert proc.returncode == 0, text

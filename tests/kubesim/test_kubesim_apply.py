@@ -17,6 +17,7 @@ import ssa_reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubesim_helpers import CM, Api, configmap, daemonset
+from waiting import DEADLINE
 
 import kubesim
 from kubesim import errors, ssa, typed
@@ -487,7 +488,7 @@ async def test_status_apply_owns_status_through_the_subresource_only(
 ) -> None:
     await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", STATUS_CRD)
     await sim.wait_for(
-        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, 5
+        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, DEADLINE
     )
     gadget = {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"},
               "spec": {"size": 1}}  # fmt: skip
@@ -527,7 +528,7 @@ async def test_applying_the_same_configuration_twice_writes_nothing(
 ) -> None:
     ds = operand(["A"], ["v1"], [{"containerPort": 80}])
     await api.ok("PATCH", f"{DS}/op", ds, ctype=APPLY, params={"fieldManager": "op"})
-    await sim.settle()  # the DaemonSet controller has written its status
+    await sim.settle(timeout=DEADLINE)  # the DaemonSet controller has written its status
     first = await api.ok("GET", f"{DS}/op")
     version = sim.store.resource_version
     again = await api.ok("PATCH", f"{DS}/op", ds, ctype=APPLY, params={"fieldManager": "op"})
@@ -659,7 +660,7 @@ async def test_a_custom_resource_nested_to_the_limit_is_stored_and_served(
     schema["properties"]["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     await sim.wait_for(
-        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, 5
+        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, DEADLINE
     )
     limit = kubesim.request_limits.MAX_DEPTH
     gadget = {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "deep"},
@@ -695,7 +696,7 @@ async def test_objects_larger_than_etcd_takes_are_413_and_not_stored(
     schema["properties"]["spec"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     await sim.wait_for(
-        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, 5
+        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, DEADLINE
     )
     version = sim.store.resource_version
     gadget = {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "huge"},
@@ -756,7 +757,7 @@ async def test_each_verb_takes_the_media_types_the_server_does(
     assert (status, body["message"].rsplit(": ", 1)[1]) == (415, PATCH_TYPES)
     await api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", STATUS_CRD)
     await sim.wait_for(
-        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, 5
+        lambda: sim.store.registry.get("example.com", "v1", "gadgets") is not None, DEADLINE
     )
     await api.ok("POST", GADGETS, {"apiVersion": "example.com/v1", "kind": "Gadget",
                                    "metadata": {"name": "g"}})  # fmt: skip
@@ -924,7 +925,7 @@ async def test_operator_daemonset_reapplied_without_an_env_var_and_a_volume_stay
         envs = [[e["name"] for e in p["spec"]["containers"][0].get("env", [])] for p in pods]
         return envs == [["NODE_NAME", "PASS_DEVICE_SPECS"]]
 
-    await sim.wait_for(rolled, 10)
+    await sim.wait_for(rolled, DEADLINE)
 
 
 # ----- properties through the store -------------------------------------------------------------

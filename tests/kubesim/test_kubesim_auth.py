@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import yaml
 from kubesim_helpers import instant
+from waiting import DEADLINE, within
 
 import kubesim
 
@@ -706,7 +707,7 @@ async def test_a_token_bound_to_a_pod_dies_with_the_pod(
     await root.req(
         "DELETE", "/api/v1/namespaces/default/pods/p", params={"gracePeriodSeconds": "0"}
     )
-    await rbac_sim.wait_for(lambda: rbac_sim.store.get("pods", "p", "default") is None, 5)
+    await rbac_sim.wait_for(lambda: rbac_sim.store.get("pods", "p", "default") is None, DEADLINE)
     assert (await robot.req("GET", "/api"))[0] == 401
 
 
@@ -864,7 +865,7 @@ async def test_aggregated_clusterroles_collect_the_rules_of_labelled_roles(
         return widget_rule in (found.get("rules") or [])
 
     # view aggregates it, edit aggregates view, admin aggregates edit.
-    await rbac_sim.wait_for(lambda: holds("view") and holds("edit") and holds("admin"), 5)
+    await rbac_sim.wait_for(lambda: holds("view") and holds("edit") and holds("admin"), DEADLINE)
 
 
 # ----- impersonation --------------------------------------------------------------------------
@@ -1014,7 +1015,7 @@ async def test_kubesim_serve_authenticates_by_default(tmp_path: Path) -> None:
     )
     assert proc.stdout is not None
     try:
-        url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+        url = (await within(proc.stdout.readline(), "the served URL")).decode().strip()
         doc = yaml.safe_load(config.read_text())
         ca = base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"])
         token = doc["users"][0]["user"]["token"]
@@ -1024,7 +1025,7 @@ async def test_kubesim_serve_authenticates_by_default(tmp_path: Path) -> None:
             assert (await Client(http, token).req("GET", "/api/v1/nodes"))[0] == 200
     finally:
         proc.terminate()
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        assert await within(proc.wait(), "kubesim serve to exit") == 0
 
 
 @needs_kubectl

@@ -14,6 +14,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.types import on_error_retry
+from waiting import DEADLINE, within
 
 import kubesim
 
@@ -34,9 +35,9 @@ async def test_lightkube_crud_watch_and_apply(sim: kubesim.Cluster) -> None:
                     return
 
         task = asyncio.ensure_future(watch())
-        await sim.wait_for(lambda: sim.store.watcher_count() == 1, 5)
+        await sim.wait_for(lambda: sim.store.watcher_count() == 1, DEADLINE)
         await client.patch(ConfigMap, "c", {"data": {"a": "2"}}, namespace="default")
-        await asyncio.wait_for(task, 5)
+        await within(task, "the ADDED and MODIFIED watch events")
         assert events == [("ADDED", "c"), ("MODIFIED", "c")]
         manifest = {
             "apiVersion": "apps/v1",
@@ -85,7 +86,7 @@ async def test_lightkube_watch_recovers_from_gone(sim: kubesim.Cluster) -> None:
                 seen.append(obj.metadata.name)
                 return
 
-        await asyncio.wait_for(watch(), 5)
+        await within(watch(), "the watch to recover and deliver a")
         assert seen == ["a"]
     finally:
         await client.close()
@@ -170,15 +171,15 @@ async def test_kubectl_apply_client_and_server_side_then_pods(sim: kubesim.Clust
             )
             == 2
         ),
-        10,
+        DEADLINE,
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     pods = await kubectl(sim, "get", "pods", "-o", "wide")
     assert pods.count("Running") == 2
     name = sim.store.list("pods", "default")[0]["metadata"]["name"]
     assert "Controlled By:  ReplicaSet/web-" in await kubectl(sim, "describe", "pod", name)
     await kubectl(sim, "delete", "deployment", "web")
-    await sim.wait_for(lambda: not sim.store.list("pods", "default"), 10)
+    await sim.wait_for(lambda: not sim.store.list("pods", "default"), DEADLINE)
 
 
 @needs_kubectl
@@ -193,9 +194,9 @@ async def test_kubectl_drain_is_blocked_by_pdb_then_allowed(sim: kubesim.Cluster
             )
             == 2
         ),
-        10,
+        DEADLINE,
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     pdb = (
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web}\n"
         "spec: {minAvailable: 2, selector: {matchLabels: {app: web}}}\n"
@@ -206,7 +207,7 @@ async def test_kubectl_drain_is_blocked_by_pdb_then_allowed(sim: kubesim.Cluster
     )
     assert "disruption budget" in blocked
     await kubectl(sim, "delete", "pdb", "web")
-    out = await kubectl(sim, "drain", "node-1", "--ignore-daemonsets", "--timeout=30s")
+    out = await kubectl(sim, "drain", "node-1", "--ignore-daemonsets", f"--timeout={DEADLINE:g}s")
     assert "drained" in out
     assert all(p["spec"]["nodeName"] == "node-2" for p in sim.store.list("pods", "default"))
 
@@ -225,18 +226,18 @@ async def test_kubectl_crd_custom_resource_watch_and_delete(sim: kubesim.Cluster
         "get",
         "widgets",
         "-w",
-        "--request-timeout=20s",
+        f"--request-timeout={3 * DEADLINE:g}s",  # open for the whole test
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env=env,
     )
     assert watcher.stdout is not None
     try:
-        first = await asyncio.wait_for(watcher.stdout.readline(), 20)
+        first = await within(watcher.stdout.readline(), "the watch header")
         assert b"NAME" in first
-        await asyncio.wait_for(watcher.stdout.readline(), 20)
+        await within(watcher.stdout.readline(), "the w1 row")
         await kubectl(sim, "patch", "widget", "w1", "--type=merge", "-p", '{"spec":{"size":7}}')
-        changed = await asyncio.wait_for(watcher.stdout.readline(), 20)
+        changed = await within(watcher.stdout.readline(), "the changed w1 row")
         assert b"w1" in changed
         assert b"7" in changed
     finally:
@@ -262,11 +263,11 @@ async def test_cli_serve_writes_kubeconfig(tmp_path: Path) -> None:
     )
     assert proc.stdout is not None
     try:
-        url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+        url = (await within(proc.stdout.readline(), "the served URL")).decode().strip()
         assert url.startswith("https://127.0.0.1:")  # authenticating by default: HTTPS
         client = AsyncClient(KubeConfig.from_file(config))
         assert len([n async for n in client.list(Node)]) == 2
         await client.close()
     finally:
         proc.terminate()
-        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        assert await within(proc.wait(), "kubesim serve to exit") == 0

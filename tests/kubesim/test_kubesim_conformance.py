@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import CM, Api, configmap, daemonset
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from kubesim.resources import BUILTINS
@@ -284,7 +285,7 @@ async def test_deleting_a_namespace_deletes_its_contents(api: Api, sim: kubesim.
     assert deleted["status"]["phase"] == "Terminating"
     status, _ = await api.req("POST", "/api/v1/namespaces/tmp/configmaps", configmap("d", "tmp"))
     assert status in (403, 404)
-    await sim.wait_for(lambda: sim.store.get("namespaces", "tmp") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("namespaces", "tmp") is None, DEADLINE)
     assert sim.store.list("configmaps", namespace="tmp") == []
 
 
@@ -480,7 +481,7 @@ async def test_delete_background_removes_dependents(api: Api, sim: kubesim.Clust
     ]
     await api.ok("POST", CM, dependent)
     await api.ok("DELETE", f"{CM}/owner", params={"propagationPolicy": "Background"})
-    await sim.wait_for(lambda: sim.store.get("configmaps", "dep", "default") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("configmaps", "dep", "default") is None, DEADLINE)
 
 
 async def test_delete_orphan_keeps_dependents_without_owner(api: Api, sim: kubesim.Cluster) -> None:
@@ -491,7 +492,7 @@ async def test_delete_orphan_keeps_dependents_without_owner(api: Api, sim: kubes
     ]
     await api.ok("POST", CM, dependent)
     await api.ok("DELETE", f"{CM}/owner", {"propagationPolicy": "Orphan"})
-    await sim.wait_for(lambda: sim.store.get("configmaps", "owner", "default") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("configmaps", "owner", "default") is None, DEADLINE)
     remaining = sim.store.get("configmaps", "dep", "default")
     assert remaining is not None
     assert "ownerReferences" not in remaining["metadata"]
@@ -521,12 +522,12 @@ async def test_delete_foreground_waits_for_blocking_dependents(
                 "deletionTimestamp"
             )
         ),
-        5,
+        DEADLINE,
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert sim.store.get("configmaps", "owner", "default") is not None
     await api.ok("PATCH", f"{CM}/dep", {"metadata": {"finalizers": None}}, ctype=MERGE)
-    await sim.wait_for(lambda: sim.store.get("configmaps", "owner", "default") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("configmaps", "owner", "default") is None, DEADLINE)
 
 
 async def test_pod_deletion_honours_grace_period(api: Api, sim: kubesim.Cluster) -> None:
@@ -537,12 +538,12 @@ async def test_pod_deletion_honours_grace_period(api: Api, sim: kubesim.Cluster)
             (sim.store.get("pods", "p", "default") or {}).get("status", {}).get("phase")
             == "Running"
         ),
-        5,
+        DEADLINE,
     )
     body = await api.ok("DELETE", f"{PODS}/p", params={"gracePeriodSeconds": "1"})
     assert body["metadata"]["deletionGracePeriodSeconds"] == 1
     assert sim.store.get("pods", "p", "default") is not None
-    await sim.wait_for(lambda: sim.store.get("pods", "p", "default") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("pods", "p", "default") is None, DEADLINE)
     await api.ok("POST", PODS, pod("q", "node-1"))
     await api.ok("DELETE", f"{PODS}/q", params={"gracePeriodSeconds": "0"})
     assert sim.store.get("pods", "q", "default") is None
@@ -609,7 +610,7 @@ async def test_field_selectors(api: Api, sim: kubesim.Cluster) -> None:
     await api.ok("POST", PODS, pod("on2", "node-2"))
     await sim.wait_for(
         lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")),
-        5,
+        DEADLINE,
     )
 
     async def names(path: str, selector: str) -> list[str]:
@@ -658,12 +659,19 @@ async def read_events(
     api: Api, path: str, params: dict[str, str], count: int
 ) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
-    async with api.session.get(path, params={"watch": "true", **params}) as resp:
-        assert resp.status == 200
-        async for line in resp.content:
-            events.append(json.loads(line))
-            if len(events) >= count:
-                break
+
+    async def read() -> None:
+        async with api.session.get(path, params={"watch": "true", **params}) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                events.append(json.loads(line))
+                if len(events) >= count:
+                    break
+
+    try:
+        await within(read(), f"{count} watch event(s) on {path}")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; events so far: {events}") from None
     return events
 
 
@@ -680,13 +688,18 @@ async def test_watch_from_resource_version_replays_later_events(api: Api) -> Non
     ]
 
 
-async def test_watch_without_resource_version_starts_with_current_state(api: Api) -> None:
+async def test_watch_without_resource_version_starts_with_current_state(
+    api: Api, sim: kubesim.Cluster
+) -> None:
     await api.ok("POST", CM, configmap("a"))
+    watches = sim.store.watcher_count()
     task = asyncio.ensure_future(read_events(api, CM, {}, 2))
-    await asyncio.sleep(0)
-    events_before = await asyncio.wait_for(asyncio.shield(task), 0.5) if task.done() else None
+    # The change must come after the watch opened (else the watch starts with it as ADDED).
+    await eventually(
+        lambda: sim.store.watcher_count() > watches or task.done(), "the watch to open"
+    )
     await api.ok("PATCH", f"{CM}/a", {"data": {"z": "1"}}, ctype=MERGE)
-    events = events_before or await asyncio.wait_for(task, 5)
+    events = await within(task, "the ADDED and MODIFIED events")
     assert [e["type"] for e in events] == ["ADDED", "MODIFIED"]
 
 
@@ -710,7 +723,7 @@ async def test_watch_ends_after_timeout_seconds(api: Api) -> None:
     async with api.session.get(
         CM, params={"watch": "1", "timeoutSeconds": "0.2", "resourceVersion": "1"}
     ) as resp:
-        body = await asyncio.wait_for(resp.read(), 5)
+        body = await within(resp.read(), "the watch to end after timeoutSeconds")
     assert body == b""
 
 
@@ -746,7 +759,7 @@ async def test_eviction_honours_pod_disruption_budgets(api: Api, sim: kubesim.Cl
     await api.ok("POST", PODS, pod("b", "node-2", app="web"))
     await sim.wait_for(
         lambda: all(p.get("status", {}).get("phase") == "Running" for p in sim.store.list("pods")),
-        5,
+        DEADLINE,
     )
     pdb = {
         "apiVersion": "policy/v1",
@@ -770,7 +783,7 @@ async def test_eviction_honours_pod_disruption_budgets(api: Api, sim: kubesim.Cl
             .get("currentHealthy")
             == 2
         ),
-        5,
+        DEADLINE,
     )
     await api.ok(
         "PATCH",
@@ -780,7 +793,7 @@ async def test_eviction_honours_pod_disruption_budgets(api: Api, sim: kubesim.Cl
     )
     status, body = await api.req("POST", f"{PODS}/a/eviction", eviction)
     assert status == 201
-    await sim.wait_for(lambda: sim.store.get("pods", "a", "default") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("pods", "a", "default") is None, DEADLINE)
 
 
 # ----- errors --------------------------------------------------------------------------------
@@ -848,7 +861,7 @@ async def test_table_output_for_pods(api: Api, sim: kubesim.Cluster) -> None:
             (sim.store.get("pods", "p", "default") or {}).get("status", {}).get("phase")
             == "Running"
         ),
-        5,
+        DEADLINE,
     )
     table = await api.ok(
         "GET",

@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 from kubesim_helpers import CM, Api, configmap, daemonset, instant
+from waiting import DEADLINE, within
 
 import kubesim
 from kubesim import KubeletConfig, PodContext
@@ -33,7 +34,7 @@ async def test_daemonset_runs_one_pod_per_eligible_node(api: Api, sim: kubesim.C
         ctype="application/merge-patch+json",
     )
     await api.ok("POST", DS, daemonset("d", nodeSelector={"kind": "gpu"}))
-    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, 5)
+    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, DEADLINE)
     assert sorted(p["spec"]["nodeName"] for p in pods_of(sim, "d")) == ["cordoned", "gpu-1"]
     status = ds_status(sim, "d")
     assert status == {
@@ -79,7 +80,7 @@ async def test_daemonset_honours_tolerations_and_node_affinity(
         tolerations=[{"key": "dedicated", "operator": "Equal", "value": "x"}],
     )
     await api.ok("POST", DS, manifest)
-    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, 5)
+    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, DEADLINE)
     assert sorted(p["spec"]["nodeName"] for p in pods_of(sim, "d")) == ["node-1", "t"]
 
 
@@ -88,15 +89,15 @@ async def test_daemonset_removes_pods_from_nodes_that_stop_matching(
 ) -> None:
     sim.add_node("n", labels={"run": "yes"})
     await api.ok("POST", DS, daemonset("d", nodeSelector={"run": "yes"}))
-    await sim.wait_for(lambda: len(pods_of(sim, "d")) == 1, 5)
+    await sim.wait_for(lambda: len(pods_of(sim, "d")) == 1, DEADLINE)
     await api.ok(
         "PATCH",
         "/api/v1/nodes/n",
         {"metadata": {"labels": {"run": None}}},
         ctype="application/merge-patch+json",
     )
-    await sim.wait_for(lambda: not pods_of(sim, "d"), 5)
-    await sim.wait_for(lambda: ds_status(sim, "d").get("desiredNumberScheduled") == 0, 5)
+    await sim.wait_for(lambda: not pods_of(sim, "d"), DEADLINE)
+    await sim.wait_for(lambda: ds_status(sim, "d").get("desiredNumberScheduled") == 0, DEADLINE)
 
 
 async def test_daemonset_rolling_update_respects_max_unavailable(
@@ -105,7 +106,7 @@ async def test_daemonset_rolling_update_respects_max_unavailable(
     for index in range(3):
         sim.add_node(f"extra-{index}")
     await api.ok("POST", DS, daemonset("d"))
-    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 5, 5)
+    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 5, DEADLINE)
     old_hash = pods_of(sim, "d")[0]["metadata"]["labels"]["controller-revision-hash"]
     sim.kubelet.config.instant = False
     sim.kubelet.config.ready_delay = 0.05
@@ -121,7 +122,7 @@ async def test_daemonset_rolling_update_respects_max_unavailable(
         "spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}
     }
     await api.ok("PATCH", f"{DS}/d", patch, ctype="application/strategic-merge-patch+json")
-    await sim.wait_for(progress, 10)
+    await sim.wait_for(progress, DEADLINE)
     assert peak_unavailable == 1
     hashes = {p["metadata"]["labels"]["controller-revision-hash"] for p in pods_of(sim, "d")}
     assert old_hash not in hashes
@@ -133,17 +134,17 @@ async def test_daemonset_on_delete_keeps_old_pods(api: Api, sim: kubesim.Cluster
     manifest = daemonset("d")
     manifest["spec"]["updateStrategy"] = {"type": "OnDelete"}
     await api.ok("POST", DS, manifest)
-    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, 5)
+    await sim.wait_for(lambda: ds_status(sim, "d").get("numberAvailable") == 2, DEADLINE)
     patch = {
         "spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}
     }
     await api.ok("PATCH", f"{DS}/d", patch, ctype="application/strategic-merge-patch+json")
-    await sim.wait_for(lambda: ds_status(sim, "d").get("observedGeneration") == 2, 5)
-    await sim.settle()
+    await sim.wait_for(lambda: ds_status(sim, "d").get("observedGeneration") == 2, DEADLINE)
+    await sim.settle(timeout=DEADLINE)
     assert ds_status(sim, "d")["updatedNumberScheduled"] == 0
     victim = pods_of(sim, "d")[0]["metadata"]["name"]
     sim.store.delete("pods", victim, "default", grace=0)
-    await sim.wait_for(lambda: ds_status(sim, "d").get("updatedNumberScheduled") == 1, 5)
+    await sim.wait_for(lambda: ds_status(sim, "d").get("updatedNumberScheduled") == 1, DEADLINE)
 
 
 async def test_deployment_creates_replicaset_and_pods(api: Api, sim: kubesim.Cluster) -> None:
@@ -166,7 +167,7 @@ async def test_deployment_creates_replicaset_and_pods(api: Api, sim: kubesim.Clu
         status = (sim.store.get("deployments", "web", "default") or {}).get("status") or {}
         return bool(status.get("availableReplicas") == 3)
 
-    await sim.wait_for(available, 5)
+    await sim.wait_for(available, DEADLINE)
     assert len(sim.store.list("replicasets", "default")) == 1
     assert {p["spec"]["nodeName"] for p in pods_of(sim, "web")} == {"node-1", "node-2"}
 
@@ -197,7 +198,7 @@ async def test_kubelet_runs_init_containers_then_becomes_ready() -> None:
             },
         }
         sim.store.create(pod)
-        await sim.wait_for(lambda: _ready(sim, "p"), 5)
+        await sim.wait_for(lambda: _ready(sim, "p"), DEADLINE)
         assert seen == ["i1", "i2"]
         status = sim.store.get("pods", "p", "default")["status"]  # type: ignore[index]
         assert [s["state"]["terminated"]["exitCode"] for s in status["initContainerStatuses"]] == [
@@ -247,16 +248,16 @@ async def test_pod_runner_controls_readiness_exit_codes_and_restarts(sim: kubesi
         },
     }
     sim.store.create(pod)
-    await sim.wait_for(lambda: len(started) == 1, 5)
+    await sim.wait_for(lambda: len(started) == 1, DEADLINE)
     ctx = started[0]
     assert ctx.env == {"NODE_NAME": "node-1"}
     assert ctx.node_name == "node-1"
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert not _ready(sim, "a")
     ctx.set_ready(True)
-    await sim.wait_for(lambda: _ready(sim, "a"), 5)
+    await sim.wait_for(lambda: _ready(sim, "a"), DEADLINE)
     ctx.exit(3)
-    await sim.wait_for(lambda: len(started) == 2, 5)
+    await sim.wait_for(lambda: len(started) == 2, DEADLINE)
     status = sim.store.get("pods", "a", "default")["status"]["containerStatuses"][0]  # type: ignore[index]
     assert status["restartCount"] == 1
     assert status["lastState"]["terminated"]["exitCode"] == 3
@@ -296,7 +297,7 @@ async def test_pod_runner_talks_to_the_api_as_a_node_program() -> None:
                 and node["status"]["capacity"].get("example.com/widget") == "4"
             )
 
-        await sim.wait_for(labelled, 5)
+        await sim.wait_for(labelled, DEADLINE)
         assert ctx_kubeconfig_exists(sim)
 
 
@@ -327,9 +328,9 @@ async def test_object_runner_gets_start_and_stop(sim: kubesim.Cluster) -> None:
             "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "obj:1"}]},
         }
     )
-    await sim.wait_for(lambda: events == ["start o"], 5)
+    await sim.wait_for(lambda: events == ["start o"], DEADLINE)
     sim.store.delete("pods", "o", "default")
-    await sim.wait_for(lambda: sim.store.get("pods", "o", "default") is None, 5)
+    await sim.wait_for(lambda: sim.store.get("pods", "o", "default") is None, DEADLINE)
     assert events == ["start o", "stop o"]
 
 
@@ -358,15 +359,17 @@ async def test_node_leases_are_renewed() -> None:
                 sim.store.get("leases", "node-1", "kube-node-lease")["metadata"]["resourceVersion"]
                 != first
             ),
-            5,  # type: ignore[index]
+            DEADLINE,  # type: ignore[index]
         )
 
 
 async def test_removed_nodes_lose_their_pods(api: Api, sim: kubesim.Cluster) -> None:
     await api.ok("POST", DS, daemonset("d"))
-    await sim.wait_for(lambda: len(pods_of(sim, "d")) == 2, 5)
+    await sim.wait_for(lambda: len(pods_of(sim, "d")) == 2, DEADLINE)
     sim.remove_node("node-2")
-    await sim.wait_for(lambda: [p["spec"]["nodeName"] for p in pods_of(sim, "d")] == ["node-1"], 5)
+    await sim.wait_for(
+        lambda: [p["spec"]["nodeName"] for p in pods_of(sim, "d")] == ["node-1"], DEADLINE
+    )
 
 
 async def test_node_loss_marks_node_unreachable(sim: kubesim.Cluster) -> None:
@@ -396,15 +399,15 @@ async def test_fault_error_rate_and_latency(api: Api, sim: kubesim.Cluster) -> N
 
 async def test_drop_watches_ends_streams(api: Api, sim: kubesim.Cluster) -> None:
     async with api.session.get(CM, params={"watch": "true", "resourceVersion": "1"}) as resp:
-        await sim.wait_for(lambda: sim.store.watcher_count() == 1, 5)
+        await sim.wait_for(lambda: sim.store.watcher_count() == 1, DEADLINE)
         assert sim.faults.drop_watches() == 1
-        assert await asyncio.wait_for(resp.read(), 5) == b""
+        assert await within(resp.read(), "the dropped watch to end") == b""
 
 
 async def test_expire_next_watch_forces_gone(api: Api, sim: kubesim.Cluster) -> None:
     sim.faults.expire_next_watch()
     async with api.session.get(CM, params={"watch": "true"}) as resp:
-        line = await asyncio.wait_for(resp.content.readline(), 5)
+        line = await within(resp.content.readline(), "the 410 event")
     assert b'"code":410' in line
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubesim_helpers import kubectl, needs_kubectl
 from test_kubesim_device_manager import RESOURCE, healthy, plugin
+from waiting import DEADLINE
 
 import kubesim
 from kubesim import KubeletConfig, cri
@@ -47,7 +48,7 @@ class FakeRuntime:
 
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
-    config = KubeletConfig(instant=True, lease_interval=None, device_plugin_dial_timeout=1.0)
+    config = KubeletConfig(instant=True, lease_interval=None)
     async with kubesim.Cluster(nodes=1, kubelet=config) as cluster:
         yield cluster
 
@@ -151,13 +152,17 @@ async def test_the_kubelet_reports_a_runtime_class_deleted_after_admission(
     sim.store.delete("runtimeclasses.node.k8s.io", "nvidia")
     sim.set_node_ready(NODE, True)
     message = 'Failed to create pod sandbox: runtimeclass.node.k8s.io "nvidia" not found'
-    await sim.wait_for(lambda: condition(sim, "gpu", "PodReadyToStartContainers") == "False", 5)
+    await sim.wait_for(
+        lambda: condition(sim, "gpu", "PodReadyToStartContainers") == "False", DEADLINE
+    )
     described = await kubectl(sim, "describe", "pod", "gpu")
     assert "FailedCreatePodSandBox" in described
     assert message in described
     assert container_state(sim, "gpu")["waiting"]["reason"] == "ContainerCreating"
     sim.store.create(runtime_class("nvidia", "nvidia"))
-    await sim.wait_for(lambda: running(sim, "gpu"), 5, "the pod running once the class is back")
+    await sim.wait_for(
+        lambda: running(sim, "gpu"), DEADLINE, "the pod running once the class is back"
+    )
 
 
 # ----- the runtime hook ---------------------------------------------------------------------------
@@ -171,7 +176,7 @@ async def test_an_unknown_handler_fails_the_sandbox_with_the_runtime_message_unt
     sim.register_container_runtime(runtime)
     sim.store.create(runtime_class("nvidia", "nvidia"))
     sim.store.create(pod("gpu", "nvidia"))
-    await sim.wait_for(lambda: len(runtime.sandboxes) >= 3, 5, "three sandbox attempts")
+    await sim.wait_for(lambda: len(runtime.sandboxes) >= 3, DEADLINE, "three sandbox attempts")
     assert [s.handler for s in runtime.sandboxes[:3]] == ["nvidia"] * 3
     # Each retry is a new sandbox (a new ID), as after the kubelet's back-off.
     assert len({s.id for s in runtime.sandboxes}) == len(runtime.sandboxes)
@@ -185,7 +190,9 @@ async def test_an_unknown_handler_fails_the_sandbox_with_the_runtime_message_unt
     )
     assert runtime.views == []  # no container is created without a sandbox
     runtime.handlers.add("nvidia")
-    await sim.wait_for(lambda: running(sim, "gpu"), 5, "the pod running once nvidia is served")
+    await sim.wait_for(
+        lambda: running(sim, "gpu"), DEADLINE, "the pod running once nvidia is served"
+    )
     assert runtime.views[-1].runtime_handler == "nvidia"
 
 
@@ -195,7 +202,7 @@ async def test_a_pod_without_runtime_class_runs_under_the_default_handler(
     runtime = FakeRuntime("runc")
     sim.register_container_runtime(runtime)
     sim.store.create(pod("plain"))
-    await sim.wait_for(lambda: running(sim, "plain"), 5, "plain pod running")
+    await sim.wait_for(lambda: running(sim, "plain"), DEADLINE, "plain pod running")
     assert runtime.sandboxes[0].handler == ""
     assert runtime.views[0].runtime_handler == ""
     assert runtime.views[0].container_name == "work"
@@ -214,16 +221,16 @@ async def test_a_refused_container_waits_in_create_container_error_and_is_retrie
         lambda: (
             container_state(sim, "app").get("waiting", {}).get("reason") == "CreateContainerError"
         ),
-        5,
+        DEADLINE,
         "CreateContainerError",
     )
     assert container_state(sim, "app")["waiting"]["message"] == reason
-    await sim.wait_for(lambda: len(runtime.views) >= 2, 5, "a retry")
+    await sim.wait_for(lambda: len(runtime.views) >= 2, DEADLINE, "a retry")
     described = await kubectl(sim, "describe", "pod", "app")
     assert "CreateContainerError" in described
     assert f"Error: {reason}" in described
     runtime.create_error = None
-    await sim.wait_for(lambda: running(sim, "app"), 5, "running after the runtime accepts")
+    await sim.wait_for(lambda: running(sim, "app"), DEADLINE, "running after the runtime accepts")
 
 
 @needs_kubectl
@@ -240,7 +247,7 @@ async def test_a_process_the_runtime_cannot_start_terminates_with_start_error(
     runtime.start_error = message
     sim.register_container_runtime(runtime)
     sim.store.create(pod("once", restartPolicy="Never"))
-    await sim.wait_for(lambda: status(sim, "once").get("phase") == "Failed", 5, "pod Failed")
+    await sim.wait_for(lambda: status(sim, "once").get("phase") == "Failed", DEADLINE, "pod Failed")
     terminated = container_state(sim, "once")["terminated"]
     assert terminated["reason"] == "StartError"
     assert terminated["exitCode"] == 128
@@ -264,9 +271,9 @@ async def test_a_start_error_restarts_under_restart_policy_always(sim: kubesim.C
         last = (statuses[0].get("lastState") or {}).get("terminated") or {}
         return statuses[0].get("restartCount", 0) >= 1 and last.get("reason") == "StartError"
 
-    await sim.wait_for(restarted, 5, "a restart after StartError")
+    await sim.wait_for(restarted, DEADLINE, "a restart after StartError")
     runtime.start_error = None
-    await sim.wait_for(lambda: running(sim, "loop"), 10, "running once it can start")
+    await sim.wait_for(lambda: running(sim, "loop"), DEADLINE, "running once it can start")
 
 
 async def test_without_a_runtime_sandboxes_and_containers_are_created_as_before(
@@ -274,12 +281,12 @@ async def test_without_a_runtime_sandboxes_and_containers_are_created_as_before(
 ) -> None:
     sim.store.create(runtime_class("nvidia", "nvidia"))
     sim.store.create(pod("gpu", "nvidia"))
-    await sim.wait_for(lambda: running(sim, "gpu"), 5, "pod running without a runtime hook")
+    await sim.wait_for(lambda: running(sim, "gpu"), DEADLINE, "pod running without a runtime hook")
     runtime = FakeRuntime("runc")
     sim.register_container_runtime(runtime)
     sim.register_container_runtime(None)
     sim.store.create(pod("later", "nvidia"))
-    await sim.wait_for(lambda: running(sim, "later"), 5, "pod running after unregistering")
+    await sim.wait_for(lambda: running(sim, "later"), DEADLINE, "pod running after unregistering")
     assert runtime.sandboxes == []
 
 
@@ -291,13 +298,13 @@ async def test_the_container_view_carries_the_plugins_cdi_devices(sim: kubesim.C
             lambda: (
                 (sim.store.get("nodes", NODE) or {})["status"]["allocatable"].get(RESOURCE) == "2"
             ),
-            5,
+            DEADLINE,
             "widgets allocatable",
         )
         body = pod("widgets")
         body["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE: "2"}}
         sim.store.create(body)
-        await sim.wait_for(lambda: running(sim, "widgets"), 5, "widget pod running")
+        await sim.wait_for(lambda: running(sim, "widgets"), DEADLINE, "widget pod running")
     view = runtime.views[-1]
     assert sorted(view.cdi_devices) == ["example.com/widget=w0", "example.com/widget=w1"]
     assert view.allocation is not None

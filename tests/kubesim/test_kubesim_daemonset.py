@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import daemonset, instant, kubectl, needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from kubesim.controllers import daemonset as ds_module
@@ -61,15 +62,15 @@ def synced_nodes(sim: kubesim.Cluster, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 async def settled_available(sim: kubesim.Cluster, name: str, count: int) -> None:
-    await sim.wait_for(
+    await eventually(
         lambda: (
             status(sim, name).get("numberAvailable", 0) == count
             and status(sim, name).get("desiredNumberScheduled") == count
         ),
-        10,
         f"{name} available on {count} nodes",
+        state=lambda: status(sim, name),
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
 
 
 # ----- work per event -----------------------------------------------------------------------
@@ -80,8 +81,8 @@ async def test_labelling_one_node_creates_one_pod_and_syncs_only_that_node(
 ) -> None:
     sim = fleet
     sim.store.create(daemonset("agent", nodeSelector={"pool": "gpu"}))
-    await sim.wait_for(lambda: "observedGeneration" in status(sim, "agent"), 5)
-    await sim.settle()
+    await sim.wait_for(lambda: "observedGeneration" in status(sim, "agent"), DEADLINE)
+    await sim.settle(timeout=DEADLINE)
     walks = controller(sim).full_walks
     seen = synced_nodes(sim, monkeypatch)
     label(sim, "node-7", "gpu")
@@ -106,8 +107,8 @@ async def test_unlabelling_a_node_deletes_only_its_pod(fleet: kubesim.Cluster) -
         p["metadata"]["name"] for p in pods_of(sim, "agent") if p["spec"]["nodeName"] == "node-2"
     )
     label(sim, "node-2", None)
-    await sim.wait_for(lambda: len(pods_of(sim, "agent")) == 2, 5, "pod on node-2 removed")
-    await sim.settle()
+    await sim.wait_for(lambda: len(pods_of(sim, "agent")) == 2, DEADLINE, "pod on node-2 removed")
+    await sim.settle(timeout=DEADLINE)
     left = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in pods_of(sim, "agent")}
     assert left == {name: rv for name, rv in versions.items() if name != gone}
     assert status(sim, "agent")["desiredNumberScheduled"] == 2
@@ -135,7 +136,7 @@ async def test_a_pod_event_resyncs_only_the_node_of_that_pod(
     sim.store.delete("pods", victim["metadata"]["name"], "default", grace=0)
     await sim.wait_for(
         lambda: any(p["spec"]["nodeName"] == "node-12" for p in pods_of(sim, "agent")),
-        5,
+        DEADLINE,
         "replacement on node-12",
     )
     await settled_available(sim, "agent", NODES)
@@ -161,7 +162,7 @@ async def test_only_a_spec_change_walks_every_node(fleet: kubesim.Cluster) -> No
     assert ctl.node_syncs - syncs <= 3
     sim.store.patch("daemonsets", "agent", {"spec": {"minReadySeconds": 0, "template": {
         "metadata": {"annotations": {"rev": "2"}}}}}, "default")  # fmt: skip
-    await sim.wait_for(lambda: status(sim, "agent").get("observedGeneration") == 2, 5)
+    await sim.wait_for(lambda: status(sim, "agent").get("observedGeneration") == 2, DEADLINE)
     assert ctl.full_walks == walks + 1
 
 
@@ -191,7 +192,7 @@ async def test_a_pass_cut_into_slices_publishes_only_complete_totals(
         return status(sim, "agent").get("numberAvailable") == NODES
 
     sim.store.create(daemonset("agent"))
-    await sim.wait_for(record, 10, "agent everywhere")
+    await sim.wait_for(record, DEADLINE, "agent everywhere")
     assert calls >= NODES
     assert desired_seen <= {0, NODES}
     assert len(pods_of(sim, "agent")) == NODES
@@ -213,20 +214,26 @@ async def test_surge_rollout_adds_new_pods_before_removing_old_ones(
     sim.kubelet.config.ready_delay = 0.02
     most_pods, least_available = 0, NODES
 
-    def progress() -> bool:
+    def observe(_event: object = None) -> None:
+        # On every write (the store calls this synchronously), so no state goes unseen.
         nonlocal most_pods, least_available
         most_pods = max(most_pods, len(live_pods(sim, "agent")))
-        current = status(sim, "agent")
-        least_available = min(least_available, current.get("numberAvailable", 0))
-        return current.get("updatedNumberScheduled") == NODES and all(
+        least_available = min(least_available, status(sim, "agent").get("numberAvailable", 0))
+
+    def done() -> bool:
+        return status(sim, "agent").get("updatedNumberScheduled") == NODES and all(
             p["metadata"]["labels"]["controller-revision-hash"] != old_hash
             for p in pods_of(sim, "agent")
         )
 
-    image = {"spec": {"template": {"spec": {"containers": [
-        {"name": "main", "image": "example/agent:2"}]}}}}  # fmt: skip
-    sim.store.patch("daemonsets", "agent", image, "default")
-    await sim.wait_for(progress, 20, "surge rollout")
+    unsubscribe = sim.store.subscribe(observe, keys=[("", "pods"), ("apps", "daemonsets")])
+    try:
+        image = {"spec": {"template": {"spec": {"containers": [
+            {"name": "main", "image": "example/agent:2"}]}}}}  # fmt: skip
+        sim.store.patch("daemonsets", "agent", image, "default")
+        await eventually(done, "surge rollout", state=lambda: status(sim, "agent"))
+    finally:
+        unsubscribe()
     assert most_pods == NODES + 2
     assert least_available == NODES
 
@@ -241,7 +248,7 @@ async def test_failed_daemon_pod_is_replaced_with_a_warning(fleet: kubesim.Clust
     name = failed["metadata"]["name"]
     await sim.wait_for(
         lambda: [p["metadata"]["name"] for p in live_pods(sim, "agent")] not in ([], [name]),
-        5,
+        DEADLINE,
         "replacement pod",
     )
     warnings = [
@@ -268,7 +275,7 @@ async def test_old_revisions_beyond_the_limit_go_unless_a_pod_still_runs_them(
         image = {"spec": {"template": {"spec": {"containers": [
             {"name": "main", "image": f"example/agent:{tag}"}]}}}}  # fmt: skip
         sim.store.patch("daemonsets", "agent", image, "default")
-        await sim.settle()
+        await sim.settle(timeout=DEADLINE)
     hashes = {
         r["metadata"]["labels"]["controller-revision-hash"]: r["revision"]
         for r in sim.store.list("controllerrevisions", "default")
@@ -308,13 +315,13 @@ async def test_endpoints_hold_at_most_1000_addresses_and_say_so() -> None:
             found = sim.store.list("endpointslices", "default", "kubernetes.io/service-name=big")
             return sum(len(s.get("endpoints") or ()) for s in found)
 
-        await sim.wait_for(lambda: addresses() == 1000 and sliced() == 1002, 20, "endpoints")
+        await sim.wait_for(lambda: addresses() == 1000 and sliced() == 1002, DEADLINE, "endpoints")
         annotations = sim.store.get("endpoints", "big", "default")["metadata"]["annotations"]
         assert annotations["endpoints.kubernetes.io/over-capacity"] == "truncated"
         for index in range(3):
             sim.store.delete("pods", f"big-{index}", "default", grace=0)
-        await sim.wait_for(lambda: sliced() == 999, 20, "slices shrink")
-        await sim.wait_for(lambda: addresses() == 999, 20, "endpoints shrink")
+        await sim.wait_for(lambda: sliced() == 999, DEADLINE, "slices shrink")
+        await sim.wait_for(lambda: addresses() == 999, DEADLINE, "endpoints shrink")
         annotations = sim.store.get("endpoints", "big", "default")["metadata"]["annotations"]
         assert "endpoints.kubernetes.io/over-capacity" not in annotations
 
@@ -334,6 +341,7 @@ async def test_a_recreated_daemonset_adopts_the_pods_an_orphan_delete_left(
     await sim.wait_for(
         lambda: all(not p["metadata"].get("ownerReferences") for p in live_pods(sim, "agent")),
         message="pods orphaned",
+        timeout=DEADLINE,
     )
     await kubectl(sim, "apply", "-f", "-", stdin=manifest)
     await kubectl(sim, "rollout", "status", "ds/agent", "--timeout=60s")

@@ -4,7 +4,6 @@ are stored, and served by get, list and watch; only HTTP write bodies stay bound
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 from kubesim_helpers import kubectl, needs_kubectl
+from waiting import DEADLINE, within
 
 import kubesim
 from kubesim import store
@@ -78,7 +78,7 @@ async def widget_crd(sim: kubesim.Cluster) -> None:
             return False
         return True
 
-    await sim.wait_for(served, timeout=5)
+    await sim.wait_for(served, timeout=DEADLINE)
 
 
 @pytest.mark.parametrize("depth", [1_000, 9_990])
@@ -98,7 +98,7 @@ async def test_objects_nested_as_deep_as_the_real_server_allows_are_served(
             "metadata": {"name": "deep", "namespace": "default"},
             "spec": {"config": nested(depth)},
         })  # fmt: skip
-        line = await asyncio.wait_for(watch.content.readline(), 5)
+        line = await within(watch.content.readline(), "the ADDED event")
         event = decoded(line)
         assert event["type"] == "ADDED"
         assert depth_of(event["object"]["spec"]["config"]) == depth

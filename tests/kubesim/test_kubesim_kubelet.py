@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import instant
+from waiting import DEADLINE, eventually
 
 import kubesim
 from kubesim import KubeletConfig, PodContext
@@ -83,7 +84,12 @@ def events(sim: kubesim.Cluster, name: str, reason: str | None = None) -> list[d
 
 
 async def until_phase(sim: kubesim.Cluster, name: str, wanted: str) -> None:
-    await sim.wait_for(lambda: phase(sim, name) == wanted, 5, f"{name} {wanted}")
+    await eventually(
+        lambda: phase(sim, name) == wanted,
+        f"pod {name} {wanted}",
+        state=lambda: {"phase": phase(sim, name), "events": [
+            f"{e['reason']}: {e['message']}" for e in events(sim, name)]},
+    )  # fmt: skip
 
 
 class Contexts:
@@ -98,7 +104,7 @@ class Contexts:
         return 0
 
     async def context(self, sim: kubesim.Cluster, key: str) -> PodContext:
-        await sim.wait_for(lambda: key in self.seen, 5, f"{key} running")
+        await eventually(lambda: key in self.seen, f"{key} running", state=lambda: list(self.seen))
         return self.seen[key]
 
 
@@ -176,7 +182,7 @@ async def test_crashing_container_backs_off_doubling_to_the_cap(sim: kubesim.Clu
 
     unsubscribe = sim.store.subscribe(watch)
     sim.store.create(pod("crash", {"name": "main", "image": "example/crash:1"}))
-    await sim.wait_for(lambda: len(starts) >= 6, 10, "six starts")
+    await sim.wait_for(lambda: len(starts) >= 6, DEADLINE, "six starts")
     unsubscribe()
     uid = get(sim, "crash")["metadata"]["uid"]
     assert waiting[:4] == [
@@ -224,7 +230,7 @@ async def test_kubelet_records_pull_create_start_and_kill_events(sim: kubesim.Cl
     )
     assert [e["reason"] for e in events(sim, "third")][:2] == ["Pulling", "Pulled"]
     sim.store.delete("pods", "first", "default")
-    await sim.wait_for(lambda: sim.store.get("pods", "first", "default") is None, 5, "gone")
+    await sim.wait_for(lambda: sim.store.get("pods", "first", "default") is None, DEADLINE, "gone")
     [killing] = events(sim, "first", "Killing")
     assert killing["message"] == "Stopping container main"
 
@@ -276,10 +282,10 @@ async def test_instant_pods_settle_in_one_status_write() -> None:
         sim.store.create(pod("job", job, restartPolicy="Never"))
         await sim.wait_for(
             lambda: phase(sim, "server") == "Running" and phase(sim, "job") == "Succeeded",
-            5,
+            DEADLINE,
             "settled",
         )
-        await sim.settle()
+        await sim.settle(timeout=DEADLINE)
         assert sorted(writes) == ["job", "server"]
 
 
@@ -318,7 +324,9 @@ async def test_missing_host_path_keeps_the_pod_creating_until_it_appears(
         {"name": "sock", "hostPath": {"path": "/run/plugin.sock", "type": "Socket"}},
     ]
     sim.store.create(pod("toolkit", volumes=volumes))
-    await sim.wait_for(lambda: len(events(sim, "toolkit", "FailedMount")) >= 2, 5, "FailedMount")
+    await sim.wait_for(
+        lambda: len(events(sim, "toolkit", "FailedMount")) >= 2, DEADLINE, "FailedMount"
+    )
     messages = {e["message"] for e in events(sim, "toolkit", "FailedMount")}
     assert messages == {
         'MountVolume.SetUp failed for volume "containerd" : '
@@ -348,7 +356,7 @@ async def test_host_path_file_types(sim: kubesim.Cluster) -> None:
         {"name": "untyped", "hostPath": {"path": "/var/lib/plugin"}},
     ]
     sim.store.create(pod("files", volumes=volumes))
-    await sim.wait_for(lambda: events(sim, "files", "FailedMount"), 5, "FailedMount")
+    await sim.wait_for(lambda: events(sim, "files", "FailedMount"), DEADLINE, "FailedMount")
     root = sim.node_root("node-1")
     assert [e["message"] for e in events(sim, "files", "FailedMount")] == [
         'MountVolume.SetUp failed for volume "made" : open /var/log/agent/made.log: '
@@ -409,7 +417,7 @@ async def test_configmap_volume_files_modes_and_atomic_updates(sim: kubesim.Clus
         "configmaps", "plugin-config", {"data": {"config.yaml": "version: v2\n"}}, "default"
     )
     await sim.wait_for(
-        lambda: ctx.path("/config/config.yaml").read_text() == "version: v2\n", 5, "update"
+        lambda: ctx.path("/config/config.yaml").read_text() == "version: v2\n", DEADLINE, "update"
     )
     assert ctx.path("/picked/sub/plugin.yaml").read_text() == "version: v2\n"
     versions = [p.name for p in directory.iterdir() if p.name.startswith("..2")]
@@ -447,7 +455,9 @@ async def test_missing_configmaps_and_keys_fail_the_mount_until_fixed(
         "data": {"yes": "1"},
     }
     sim.store.create(keyed)
-    await sim.wait_for(lambda: len(events(sim, "reader", "FailedMount")) >= 2, 5, "FailedMount")
+    await sim.wait_for(
+        lambda: len(events(sim, "reader", "FailedMount")) >= 2, DEADLINE, "FailedMount"
+    )
     assert {e["message"] for e in events(sim, "reader", "FailedMount")} == {
         'MountVolume.SetUp failed for volume "settings" : configmap "settings" not found',
         'MountVolume.SetUp failed for volume "keyed" : '
@@ -483,7 +493,7 @@ async def test_secret_volume(sim: kubesim.Cluster) -> None:
     assert stat.S_IMODE(token.stat().st_mode) == 0o644
     missing = [{"name": "creds", "secret": {"secretName": "nowhere"}}]
     sim.store.create(pod("lost", container, volumes=missing))
-    await sim.wait_for(lambda: events(sim, "lost", "FailedMount"), 5, "FailedMount")
+    await sim.wait_for(lambda: events(sim, "lost", "FailedMount"), DEADLINE, "FailedMount")
     assert events(sim, "lost", "FailedMount")[0]["message"] == (
         'MountVolume.SetUp failed for volume "creds" : secret "nowhere" not found'
     )
@@ -512,7 +522,7 @@ async def test_empty_dir_is_private_to_the_pod_and_removed_with_it(sim: kubesim.
     again = await runner.context(sim, "one/main")
     assert again.path("/scratch/out.txt").read_text() == "mine"
     sim.store.delete("pods", "one", "default")
-    await sim.wait_for(lambda: not pod_dir.exists(), 5, "pod directory removed")
+    await sim.wait_for(lambda: not pod_dir.exists(), DEADLINE, "pod directory removed")
 
 
 async def test_downward_api_files_follow_labels_and_annotations(sim: kubesim.Cluster) -> None:
@@ -555,7 +565,7 @@ async def test_downward_api_files_follow_labels_and_annotations(sim: kubesim.Clu
     assert ctx.path("/etc/podinfo/mem-request").read_text() == "64"
     sim.store.patch("pods", "info", {"metadata": {"labels": {"tier": "silver"}}}, "default")
     await sim.wait_for(
-        lambda: ctx.path("/etc/podinfo/tier").read_text() == "silver", 5, "label update"
+        lambda: ctx.path("/etc/podinfo/tier").read_text() == "silver", DEADLINE, "label update"
     )
 
 
@@ -670,7 +680,7 @@ async def test_node_roots_live_under_the_work_dir_and_go_with_the_cluster(
         sim.add_node("extra")
         extra = sim.node_root("extra")
         sim.remove_node("extra")
-        await sim.wait_for(lambda: not extra.exists(), 5, "node tree removed")
+        await sim.wait_for(lambda: not extra.exists(), DEADLINE, "node tree removed")
     assert not (tmp_path / "nodes").exists()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import instant, kubectl, needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.api import crds, keys
@@ -92,11 +93,15 @@ def state(sim: kubesim.Cluster, name: str) -> str | None:
     return str(value) if value else None
 
 
-async def wait_states(sim: kubesim.Cluster, timeout: float = 30, **wanted: str) -> None:
-    await sim.wait_for(
+async def wait_states(sim: kubesim.Cluster, timeout: float = DEADLINE, **wanted: str) -> None:
+    await eventually(
         lambda: all(state(sim, n.replace("_", "-")) == s for n, s in wanted.items()),
-        timeout,
         f"NVIDIADriver states {wanted}",
+        timeout=timeout,
+        state=lambda: {
+            d["metadata"]["name"]: (d.get("status") or {}).get("state")
+            for d in sim.store.list("nvidiadrivers.nvidia.com")
+        },
     )
 
 
@@ -205,7 +210,7 @@ async def test_hand_over_from_the_cluster_policy_keeps_identical_driver_pods(
         found = cluster.store.get("clusterpolicies.nvidia.com", "cluster-policy") or {}
         return bool((found.get("status") or {}).get("state") == "ready")
 
-    await cluster.wait_for(policy_ready, 30, "ClusterPolicy ready")
+    await cluster.wait_for(policy_ready, DEADLINE, "ClusterPolicy ready")
     pods = await get_json(
         cluster, "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=nvidia-driver"
     )
@@ -214,7 +219,7 @@ async def test_hand_over_from_the_cluster_policy_keeps_identical_driver_pods(
     created = max(p["metadata"]["creationTimestamp"] for p in pods["items"])
     # kubesim's DaemonSet controller keeps the older of two pods on a node by creation time
     # (whole seconds): let the clock pass the driver pods' second.
-    await cluster.wait_for(lambda: kubesim_now() > created, 5, "a second passed")
+    await cluster.wait_for(lambda: kubesim_now() > created, DEADLINE, "a second passed")
     # The per-pool example: the default pool says what the policy said, the A100 pool does not.
     await kubectl(cluster, "apply", "-f", str(EXAMPLE))
     await wait_states(cluster, default="ready")

@@ -7,6 +7,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from kubesim_helpers import instant
+from waiting import DEADLINE
 
 import kubesim
 from kubesim import PodContext, probes
@@ -65,7 +66,13 @@ class Server:
         return 137 if verdict is probes.Verdict.KILL else 0
 
 
-PROBE = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 1}
+# timeoutSeconds 100: 1 s at the servers' time scale (0.01), so that an answer a loaded machine
+# is slow to give is not taken for a failure (the default 1 s would be 20 ms).
+PROBE = {
+    "httpGet": {"path": "/healthz", "port": "health"},
+    "periodSeconds": 1,
+    "timeoutSeconds": 100,
+}
 
 
 async def test_readiness_follows_the_http_probe_of_the_named_port() -> None:
@@ -73,15 +80,15 @@ async def test_readiness_follows_the_http_probe_of_the_named_port() -> None:
     async with kubesim.Cluster(nodes=1, kubelet=instant()) as sim:
         sim.register_pod_runner(server.run, image=IMAGE, reports_readiness=True)
         sim.store.create(pod("web", readinessProbe={**PROBE, "failureThreshold": 2}))
-        await sim.wait_for(lambda: bool(events(sim, "Unhealthy")), timeout=10)
+        await sim.wait_for(lambda: bool(events(sim, "Unhealthy")), timeout=DEADLINE)
         assert not ready(sim, "web")
         assert events(sim, "Unhealthy")[0] == (
             "Readiness probe failed: HTTP probe failed with statuscode: 500"
         )
         server.healthy = True
-        await sim.wait_for(lambda: ready(sim, "web"), timeout=10)
+        await sim.wait_for(lambda: ready(sim, "web"), timeout=DEADLINE)
         server.healthy = False
-        await sim.wait_for(lambda: not ready(sim, "web"), timeout=10)
+        await sim.wait_for(lambda: not ready(sim, "web"), timeout=DEADLINE)
         assert server.starts == 1  # readiness never restarts a container
 
 
@@ -95,7 +102,7 @@ async def test_a_failing_liveness_probe_restarts_the_container() -> None:
             status = (sim.store.get("pods", "web", namespace="default") or {}).get("status") or {}
             return any(c.get("restartCount", 0) >= 1 for c in status.get("containerStatuses") or [])
 
-        await sim.wait_for(restarted, timeout=20)
+        await sim.wait_for(restarted, timeout=DEADLINE)
         assert "Container server failed liveness probe, will be restarted" in events(sim, "Killing")
         assert server.starts >= 2
 
@@ -106,11 +113,11 @@ async def test_startup_probe_holds_readiness_until_it_passes() -> None:
         sim.register_pod_runner(server.run, image=IMAGE, reports_readiness=True)
         # No readiness probe: ready as soon as the startup probe passes.
         sim.store.create(pod("web", startupProbe={**PROBE, "failureThreshold": 1000}))
-        await sim.wait_for(lambda: bool(events(sim, "Unhealthy")), timeout=10)
+        await sim.wait_for(lambda: bool(events(sim, "Unhealthy")), timeout=DEADLINE)
         assert not ready(sim, "web")
         assert events(sim, "Unhealthy")[0].startswith("Startup probe failed")
         server.healthy = True
-        await sim.wait_for(lambda: ready(sim, "web"), timeout=10)
+        await sim.wait_for(lambda: ready(sim, "web"), timeout=DEADLINE)
 
 
 async def test_a_port_nobody_serves_fails_like_a_refused_connection() -> None:
@@ -124,7 +131,7 @@ async def test_a_port_nobody_serves_fails_like_a_refused_connection() -> None:
 
         sim.register_pod_runner(silent, image=IMAGE, reports_readiness=True)
         sim.store.create(pod("web", readinessProbe=PROBE, restartPolicy="Never"))
-        await sim.wait_for(lambda: bool(seen), timeout=10)
+        await sim.wait_for(lambda: bool(seen), timeout=DEADLINE)
         ((ok, why),) = seen
         assert not ok
         assert why.endswith(':8081/healthz": dial tcp ' + why.split("//")[1].split("/")[0]
@@ -150,6 +157,8 @@ async def test_a_pods_projected_token_is_its_service_account_and_dies_with_the_p
             assert info["username"] == "system:serviceaccount:default:app"
             assert info["extra"]["authentication.kubernetes.io/pod-name"] == ["web"]
             sim.store.delete("pods", "web", namespace="default", grace=0)
-            await sim.wait_for(lambda: sim.store.get("pods", "web", namespace="default") is None)
+            await sim.wait_for(
+                lambda: sim.store.get("pods", "web", namespace="default") is None, timeout=DEADLINE
+            )
             async with session.post(url, json=review, headers=headers, ssl=ssl) as response:
                 assert response.status == 401

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from kubesim_helpers import KUBECTL, kubectl, needs_kubectl
+from waiting import eventually, within
 
 import kubesim
 from kubesim import ContainerView, PodContext, ProgramRun
@@ -54,7 +55,11 @@ def _terminated(sim: kubesim.Cluster, name: str) -> dict[str, Any]:
 
 
 async def _finished(sim: kubesim.Cluster, name: str) -> str:
-    await sim.wait_for(lambda: _phase(sim, name) in ("Succeeded", "Failed"), 10)
+    await eventually(
+        lambda: _phase(sim, name) in ("Succeeded", "Failed"),
+        f"pod {name} finished",
+        state=lambda: _phase(sim, name),
+    )
     return _phase(sim, name)
 
 
@@ -114,7 +119,13 @@ async def _serving(sim: kubesim.Cluster, name: str) -> None:
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         return bool(statuses) and "running" in (statuses[0].get("state") or {})
 
-    await sim.wait_for(running, 10)
+    await eventually(
+        running,
+        f"pod {name} running",
+        state=lambda: ((sim.store.get("pods", name, "default") or {}).get("status") or {}).get(
+            "containerStatuses"
+        ),
+    )
 
 
 async def _kubectl_exec(sim: kubesim.Cluster, *args: str) -> tuple[int, str]:
@@ -221,4 +232,4 @@ async def test_an_absolute_symlink_in_an_empty_dir_resolves_through_the_mounts(
         {"name": "available", "configMap": {"name": "configs"}},
     ]
     sim.store.create(pod)
-    assert await asyncio.wait_for(seen, 10) == "replicas: 4\n"
+    assert await within(seen, "the reader to read its config") == "replicas: 4\n"

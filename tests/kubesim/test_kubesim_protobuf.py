@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from waiting import DEADLINE, within
 
 import kubesim
 from kubesim.protobuf import codec, registry, wire
@@ -597,16 +598,23 @@ async def test_watch_streams_length_prefixed_watch_events(sim: kubesim.Cluster) 
         data = b""
 
         async def until(event_type: str) -> list[tuple[str, dict[str, Any]]]:
-            nonlocal data
-            while True:
-                events = list(CODEC.decode_watch_frames(data))
-                if any(e[0] == event_type for e in events):
-                    return events
-                data += await resp.content.readany()
+            async def read() -> list[tuple[str, dict[str, Any]]]:
+                nonlocal data
+                while True:
+                    events = list(CODEC.decode_watch_frames(data))
+                    if any(e[0] == event_type for e in events):
+                        return events
+                    data += await resp.content.readany()
 
-        await asyncio.wait_for(until("BOOKMARK"), 5)
+            try:
+                return await within(read(), f"a {event_type} watch event")
+            except AssertionError as err:
+                seen = [e[0] for e in CODEC.decode_watch_frames(data)]
+                raise AssertionError(f"{err}; events so far: {seen}") from None
+
+        await until("BOOKMARK")
         sim.store.patch("configmaps", "a", {"data": {"k": "2"}}, namespace="default")
-        events = await asyncio.wait_for(until("MODIFIED"), 5)
+        events = await until("MODIFIED")
     changes = [(t, o["metadata"]["name"]) for t, o in events if t != "BOOKMARK"]
     assert changes == [("ADDED", "a"), ("MODIFIED", "a")]
     assert events[-1][1]["data"] == {"k": "2"}
@@ -625,7 +633,7 @@ async def test_watch_streams_length_prefixed_watch_events(sim: kubesim.Cluster) 
 
 async def test_watch_of_a_custom_resource_falls_back_to_json(sim: kubesim.Cluster) -> None:
     sim.store.create(CRD)
-    await sim.wait_for(lambda: sim.store.registry.get("example.com", "v1", "widgets"), 5)
+    await sim.wait_for(lambda: sim.store.registry.get("example.com", "v1", "widgets"), DEADLINE)
     params = {"watch": "true", "timeoutSeconds": "1"}
     status, ctype, _ = await http(sim, "GET", WIDGETS, params=params)
     assert (status, ctype) == (200, "application/json")

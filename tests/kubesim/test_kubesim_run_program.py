@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from waiting import within
+
 import kubesim
 from kubesim import ContainerView, PodContext, ProgramResult, ProgramRun
 
@@ -55,7 +57,7 @@ async def _run_in(
     sim.register_program("greet", _greet, available=_with_tools)
     sim.register_program("crash", _crash)
     sim.store.create(pod)
-    return await asyncio.wait_for(got, 10)
+    return await within(got, f"the program {argv} to run in the pod")
 
 
 async def test_a_present_program_runs_with_its_output_and_exit_code_collected(

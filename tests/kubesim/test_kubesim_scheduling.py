@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import instant, kubectl, needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from kubesim import KubeletConfig, quantity
@@ -68,14 +69,18 @@ def events(sim: kubesim.Cluster, name: str, reason: str) -> list[dict[str, Any]]
 
 
 async def bound(sim: kubesim.Cluster, *names: str) -> None:
-    await sim.wait_for(lambda: all(node_of(sim, n) for n in names), 5, f"{names} bound")
+    await eventually(
+        lambda: all(node_of(sim, n) for n in names),
+        f"{names} bound",
+        state=lambda: {n: scheduled_condition(sim, n) for n in names},
+    )
 
 
 async def unschedulable(sim: kubesim.Cluster, name: str) -> str:
-    await sim.wait_for(
+    await eventually(
         lambda: scheduled_condition(sim, name).get("reason") == "Unschedulable",
-        5,
         f"{name} unschedulable",
+        state=lambda: scheduled_condition(sim, name),
     )
     return str(scheduled_condition(sim, name)["message"])
 
@@ -101,9 +106,11 @@ async def test_ten_eight_gpu_pods_on_48_gpus_run_six_and_explain_the_rest(
     for index in range(10):
         cluster.store.create(gpu_pod(f"big-{index}", 8))
     await cluster.wait_for(
-        lambda: sum(1 for i in range(10) if node_of(cluster, f"big-{i}")) == 6, 5, "six bound"
+        lambda: sum(1 for i in range(10) if node_of(cluster, f"big-{i}")) == 6,
+        DEADLINE,
+        "six bound",
     )
-    await cluster.settle()
+    await cluster.settle(timeout=DEADLINE)
     pending = [f"big-{i}" for i in range(10) if not node_of(cluster, f"big-{i}")]
     assert len(pending) == 4
     message = await unschedulable(cluster, pending[0])
@@ -119,9 +126,11 @@ async def test_ten_eight_gpu_pods_on_48_gpus_run_six_and_explain_the_rest(
     freed_node = node_of(cluster, running)
     cluster.store.delete("pods", running, "default")
     await cluster.wait_for(
-        lambda: sum(1 for name in pending if node_of(cluster, name)) == 1, 5, "one rescheduled"
+        lambda: sum(1 for name in pending if node_of(cluster, name)) == 1,
+        DEADLINE,
+        "one rescheduled",
     )
-    await cluster.settle()
+    await cluster.settle(timeout=DEADLINE)
     assert [node_of(cluster, name) for name in pending if node_of(cluster, name)] == [freed_node]
 
 
@@ -294,7 +303,7 @@ async def test_node_gaining_capacity_retries_waiting_pods(cluster: kubesim.Clust
     # for a new attempt.
     cluster.store.patch("nodes", "gpu-1", {"metadata": {"annotations": {"seen": "1"}}})
     cluster.store.patch("nodes", "gpu-1", {"metadata": {"labels": {"gpu": "soon"}}})
-    await cluster.settle()
+    await cluster.settle(timeout=DEADLINE)
     failed = events(cluster, "train", "FailedScheduling")
     assert len(failed) == attempts
     assert failed[0].get("count", 1) == 1
@@ -424,7 +433,7 @@ async def test_pods_beyond_the_pod_count_wait(cluster: kubesim.Cluster) -> None:
     for name in ("a", "b", "c"):
         cluster.store.create(pod(name))
     await cluster.wait_for(
-        lambda: sum(1 for n in "abc" if node_of(cluster, n)) == 2, 5, "two bound"
+        lambda: sum(1 for n in "abc" if node_of(cluster, n)) == 2, DEADLINE, "two bound"
     )
     waiting = next(n for n in "abc" if not node_of(cluster, n))
     assert (await unschedulable(cluster, waiting)).startswith(
@@ -440,7 +449,7 @@ async def test_preset_node_name_and_other_schedulers_bypass_the_scheduler(
     cluster.store.create(pod("custom", schedulerName="my-scheduler"))
     gated = pod("gated", schedulingGates=[{"name": "example.com/wait"}])
     cluster.store.create(gated)
-    await cluster.settle()
+    await cluster.settle(timeout=DEADLINE)
     assert node_of(cluster, "pinned") == "node-1"
     assert node_of(cluster, "custom") is None
     assert node_of(cluster, "gated") is None
@@ -474,7 +483,7 @@ async def test_finished_pods_give_their_resources_back() -> None:
             lambda: all(
                 get(sim, n)["status"].get("phase") == "Succeeded" for n in ("job-a", "job-b")
             ),
-            10,
+            DEADLINE,
             "both jobs done",
         )
 
@@ -509,7 +518,7 @@ async def test_kubectl_run_nvidia_smi_lands_on_a_gpu_node_and_completes() -> Non
         assert "pod/nvidia-smi created" in out
         await sim.wait_for(
             lambda: get(sim, "nvidia-smi")["status"].get("phase") == "Succeeded",
-            10,
+            DEADLINE,
             "nvidia-smi succeeded",
         )
         assert node_of(sim, "nvidia-smi") == "gpu-1"
@@ -536,7 +545,7 @@ async def test_kubectl_describe_shows_why_extra_gpu_pods_wait() -> None:
                 f"--overrides={nvidia_smi_overrides(f'smi-{index}')}",
             )
         await sim.wait_for(
-            lambda: sum(1 for i in range(3) if node_of(sim, f"smi-{i}")) == 2, 10, "two bound"
+            lambda: sum(1 for i in range(3) if node_of(sim, f"smi-{i}")) == 2, DEADLINE, "two bound"
         )
         waiting = next(f"smi-{i}" for i in range(3) if not node_of(sim, f"smi-{i}"))
         await unschedulable(sim, waiting)

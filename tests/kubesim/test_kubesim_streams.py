@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from kubesim_helpers import CM, Api, configmap, daemonset
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from kubesim import KubeletConfig, PodContext, list_options
@@ -35,6 +36,7 @@ needs_kubectl = pytest.mark.skipif(
     not KUBECTL.exists(),
     reason="kubectl not installed (run scripts/setup, which runs scripts/install_tools.py)",
 )
+KUBECTL_WAIT = f"--timeout={DEADLINE:g}s"  # `kubectl wait`'s deadline
 
 
 # ----- runners driven by the tests ----------------------------------------------------------
@@ -80,7 +82,11 @@ class Programs:
 
     async def started(self, pod: str, container: str | None = None, run: int = 1) -> PodContext:
         key = (pod, container or pod)
-        await self.sim.wait_for(lambda: self.starts.get(key, 0) >= run, 5, f"{key} run {run}")
+        await eventually(
+            lambda: self.starts.get(key, 0) >= run,
+            f"{key} run {run}",
+            state=lambda: self.starts,
+        )
         return self.contexts[key]
 
 
@@ -127,7 +133,13 @@ async def running(sim: kubesim.Cluster, name: str) -> dict[str, Any]:
         obj = sim.store.get("pods", name, "default")
         return bool(obj) and (obj.get("status") or {}).get("phase") == "Running"
 
-    await sim.wait_for(check, 5, f"pod {name} running")
+    await eventually(
+        check,
+        f"pod {name} running",
+        state=lambda: ((sim.store.get("pods", name, "default") or {}).get("status") or {}).get(
+            "phase"
+        ),
+    )
     found = sim.store.get("pods", name, "default")
     assert found is not None
     return found
@@ -148,7 +160,9 @@ async def watch_lines(
             if not opened and then is not None and sim.store.watcher_count() > 0:
                 opened = True
                 then()
-            line = await asyncio.wait_for(resp.content.readline(), 5)
+            line = await within(
+                resp.content.readline(), f"watch event {len(events) + 1} of {count}: {events}"
+            )
             events.append(json.loads(line))
     return events
 
@@ -325,7 +339,7 @@ async def test_python_logging_of_a_runner_and_its_crash_reach_its_container_log(
                 (sim.store.get("pods", "crash", "default") or {}).get("status", {}).get("phase")
                 == "Failed"
             ),
-            5,
+            DEADLINE,
         )
         logger.info("outside any runner: in no container log")
         async with api.session.get(f"{PODS}/crash/log") as resp:
@@ -391,7 +405,7 @@ async def test_previous_logs_need_a_restart_then_show_the_last_run(
     ctx.exit(1)
     await programs.started("web", run=2)
     await sim.wait_for(
-        lambda: "running" in _state(sim, "web"), 5, "the restarted container running"
+        lambda: "running" in _state(sim, "web"), DEADLINE, "the restarted container running"
     )
     previous = await api.ok("GET", f"{PODS}/web/log", params={"previous": "true"})
     assert previous == "hello from web run 1\na warning\nlast words\n"
@@ -417,17 +431,18 @@ async def test_follow_streams_until_the_container_exits(
     async with api.session.get(
         f"{PODS}/job/log", params={"follow": "true", "tailLines": "1"}
     ) as resp:
-        assert await asyncio.wait_for(resp.content.readline(), 5) == b"a warning\n"
+        assert await within(resp.content.readline(), "the last log line") == b"a warning\n"
         ctx.log("more")
-        assert await asyncio.wait_for(resp.content.readline(), 5) == b"more\n"
+        assert await within(resp.content.readline(), "the new log line") == b"more\n"
         ctx.log("done")
         ctx.exit(0)
-        assert await asyncio.wait_for(resp.content.read(), 5) == b"done\n"
+        assert await within(resp.content.read(), "the end of the log stream") == b"done\n"
 
 
 async def test_logs_of_a_container_that_has_not_started(api: Api) -> None:
+    # A start far beyond any wait here: the container is still waiting when its log is asked for.
     async with kubesim.Cluster(
-        nodes=1, kubelet=KubeletConfig(start_delay=60, lease_interval=None)
+        nodes=1, kubelet=KubeletConfig(start_delay=10 * DEADLINE, lease_interval=None)
     ) as slow:
         slow.store.create(pod("pending", image="nginx"))
         await slow.wait_for(
@@ -437,7 +452,7 @@ async def test_logs_of_a_container_that_has_not_started(api: Api) -> None:
                 .get("containerStatuses")
                 is not None
             ),
-            5,
+            DEADLINE,
             "container statuses",
         )
         async with aiohttp.ClientSession(base_url=slow.url) as session:
@@ -517,7 +532,7 @@ async def _exec(
         channels = Channels(ws)
         if stdin:
             await channels.send_stdin(stdin, close=True)
-        out = await asyncio.wait_for(channels.drain(), 5)
+        out = await within(channels.drain(), f"the exec stream of {query}")
         return ws.protocol or "", out
     finally:
         await session.close()
@@ -596,7 +611,7 @@ async def test_exec_into_a_stopped_container_reports_container_not_found(
     sim.store.create(pod("web", restartPolicy="Never"))
     ctx = await programs.started("web")
     ctx.exit(0)
-    await sim.wait_for(lambda: "terminated" in _state(sim, "web"), 5, "container terminated")
+    await sim.wait_for(lambda: "terminated" in _state(sim, "web"), DEADLINE, "container terminated")
     _, out = await _exec(sim, "command=echo&stdout=true")
     status = json.loads(out[3])
     assert status["reason"] == "InternalError"
@@ -646,17 +661,17 @@ async def test_attach_streams_new_output_and_feeds_stdin_once(
     spec["spec"]["restartPolicy"] = "Never"
     sim.store.create(spec)
     await running(sim, "echo")
-    await sim.wait_for(lambda: ("echo", "echo") in programs.contexts, 5, "runner")
+    await sim.wait_for(lambda: ("echo", "echo") in programs.contexts, DEADLINE, "runner")
     session, ws = await _connect(sim, f"{PODS}/echo/attach?stdin=true&stdout=true&stderr=true")
     try:
         channels = Channels(ws)
         await channels.send_stdin(b"one\ntwo\n", close=True)
-        out = await asyncio.wait_for(channels.drain(), 5)
+        out = await within(channels.drain(), "the attach stream")
     finally:
         await session.close()
     assert out[1] == b"echo: one\necho: two\n"
     assert json.loads(out[3])["status"] == "Success"
-    await sim.wait_for(lambda: "terminated" in _state(sim, "echo"), 5, "stdin EOF ends it")
+    await sim.wait_for(lambda: "terminated" in _state(sim, "echo"), DEADLINE, "stdin EOF ends it")
 
 
 # ----- port-forward framing and proxy --------------------------------------------------------
@@ -718,7 +733,7 @@ async def test_service_proxy_reaches_a_ready_endpoint_pod(
             )
             or []
         ),
-        5,
+        DEADLINE,
         "pod ready",
     )
     sim.store.create(
@@ -768,7 +783,7 @@ async def test_ephemeral_containers_can_only_be_added(
                 or {}
             )
         ),
-        5,
+        DEADLINE,
         "ephemeral container running",
     )
     got = await api.ok("GET", path)
@@ -823,7 +838,7 @@ async def kubectl(
     sim: kubesim.Cluster,
     *args: str,
     stdin: str | None = None,
-    timeout: float = 30,
+    timeout: float = 2 * DEADLINE,  # longer than a `kubectl wait --timeout` (KUBECTL_WAIT)
     env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     """Run kubectl; returns (exit code, stdout, stderr)."""
@@ -837,10 +852,12 @@ async def kubectl(
         env=env,
     )
     try:
-        out, err = await asyncio.wait_for(
-            proc.communicate(stdin.encode() if stdin is not None else None), timeout
+        out, err = await within(
+            proc.communicate(stdin.encode() if stdin is not None else None),
+            f"kubectl {' '.join(args)}",
+            timeout,
         )
-    except TimeoutError:
+    except AssertionError:
         proc.kill()
         await proc.wait()
         raise
@@ -888,24 +905,22 @@ async def test_kubectl_wait_for_condition_jsonpath_create_and_delete(
     sim: kubesim.Cluster, background: list[asyncio.subprocess.Process]
 ) -> None:
     sim.store.create(pod("p", image="nginx"))
-    assert "condition met" in await ok(sim, "wait", "--for=condition=Ready", "pod/p")
+    assert "condition met" in await ok(sim, "wait", "--for=condition=Ready", "pod/p", KUBECTL_WAIT)
     sim.store.create(configmap("c"))
-    out = await ok(sim, "wait", "--for=jsonpath={.data.k}=v", "configmap/c", "--timeout=10s")
+    out = await ok(sim, "wait", "--for=jsonpath={.data.k}=v", "configmap/c", KUBECTL_WAIT)
     assert "condition met" in out
     watches = sim.stats.count("watch", "pods")
-    deleting = await start(sim, background, "wait", "--for=delete", "pod/p", "--timeout=20s")
-    await sim.wait_for(lambda: sim.stats.count("watch", "pods") > watches, 10, "a pod watch")
+    deleting = await start(sim, background, "wait", "--for=delete", "pod/p", KUBECTL_WAIT)
+    await sim.wait_for(lambda: sim.stats.count("watch", "pods") > watches, DEADLINE, "a pod watch")
     sim.store.delete("pods", "p", "default", grace=0)
     looked = sim.stats.count("get", "configmaps")
-    creating = await start(
-        sim, background, "wait", "--for=create", "configmap/later", "--timeout=20s"
-    )
+    creating = await start(sim, background, "wait", "--for=create", "configmap/later", KUBECTL_WAIT)
     await sim.wait_for(
-        lambda: sim.stats.count("get", "configmaps") > looked, 10, "kubectl looking for it"
+        lambda: sim.stats.count("get", "configmaps") > looked, DEADLINE, "kubectl looking for it"
     )
     sim.store.create(configmap("later"))
-    assert await asyncio.wait_for(creating.wait(), 10) == 0
-    assert await asyncio.wait_for(deleting.wait(), 10) == 0
+    assert await within(creating.wait(), "kubectl wait --for=create to return") == 0
+    assert await within(deleting.wait(), "kubectl wait --for=delete to return") == 0
 
 
 @needs_kubectl
@@ -922,12 +937,14 @@ async def test_kubectl_delete_pod_returns_promptly_and_cascades_in_the_foregroun
 ) -> None:
     sim.store.create(pod("p", image="nginx"))
     await running(sim, "p")
-    code, out, err = await kubectl(sim, "delete", "pod", "p", timeout=2)
+    # Promptly: well within the pod's 30 s grace period (generous for kubectl on a loaded
+    # machine, yet failing a delete that waited out the grace period).
+    code, out, err = await kubectl(sim, "delete", "pod", "p", timeout=20)
     assert code == 0, err
     assert 'pod "p" deleted' in out
     await ok(sim, "create", "deployment", "web", "--image=nginx:1.27", "--replicas=2")
-    await sim.wait_for(lambda: len(sim.store.list("pods", "default")) == 2, 5, "2 pods")
-    out = await ok(sim, "delete", "deployment", "web", "--cascade=foreground", timeout=20)
+    await sim.wait_for(lambda: len(sim.store.list("pods", "default")) == 2, DEADLINE, "2 pods")
+    out = await ok(sim, "delete", "deployment", "web", "--cascade=foreground")
     assert 'deployment.apps "web" deleted' in out
     assert sim.store.get("deployments.apps", "web", "default") is None
     assert sim.store.list("replicasets.apps", "default") == []
@@ -970,18 +987,20 @@ async def test_kubectl_logs_plain_tail_timestamps_selector_previous_and_follow(
     assert 'previous terminated container "web" in pod "web" not found' in err
     ctx.exit(2)
     restarted = await programs.started("web", run=2)
-    await sim.wait_for(lambda: "running" in _state(sim, "web"), 5, "restarted")
+    await sim.wait_for(lambda: "running" in _state(sim, "web"), DEADLINE, "restarted")
     assert (await ok(sim, "logs", "web", "-p")).endswith("second\n")
     follower = await start(sim, background, "logs", "-f", "web")
     assert follower.stdout is not None
-    assert await asyncio.wait_for(follower.stdout.readline(), 10) == b"hello from web run 2\n"
+    assert await within(follower.stdout.readline(), "the first log line") == (
+        b"hello from web run 2\n"
+    )
     log = sim.kubelet.runtime.instances(_uid(sim, "web"), "web")[-1].log
-    await sim.wait_for(lambda: log.followers > 0, 10, "kubectl following the log")
+    await sim.wait_for(lambda: log.followers > 0, DEADLINE, "kubectl following the log")
     restarted.log("live line")
-    lines = [await asyncio.wait_for(follower.stdout.readline(), 10) for _ in range(2)]
+    lines = [await within(follower.stdout.readline(), "a followed log line") for _ in range(2)]
     assert lines == [b"a warning\n", b"live line\n"]
     restarted.exit(0)
-    assert await asyncio.wait_for(follower.wait(), 10) == 0
+    assert await within(follower.wait(), "kubectl logs -f to end with the container") == 0
 
 
 @needs_kubectl
@@ -1047,7 +1066,7 @@ async def test_kubectl_port_forward_then_http_get(
     await running(sim, "web")
     forward = await start(sim, background, "port-forward", "pod/web", ":8080", env=env)
     assert forward.stdout is not None
-    line = (await asyncio.wait_for(forward.stdout.readline(), 10)).decode()
+    line = (await within(forward.stdout.readline(), "the Forwarding line")).decode()
     found = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8080", line)
     assert found, line
     async with aiohttp.ClientSession() as session:
@@ -1067,13 +1086,13 @@ async def test_kubectl_port_forward_to_an_unserved_port_reports_the_refusal(
     forward = await start(sim, background, "port-forward", "pod/web", ":9999")
     assert forward.stdout is not None
     assert forward.stderr is not None
-    line = (await asyncio.wait_for(forward.stdout.readline(), 10)).decode()
+    line = (await within(forward.stdout.readline(), "the Forwarding line")).decode()
     found = re.match(r"Forwarding from 127\.0\.0\.1:(\d+) -> 9999", line)
     assert found, line
     with pytest.raises(aiohttp.ClientError):
         async with aiohttp.ClientSession() as session:
             await session.get(f"http://127.0.0.1:{found.group(1)}/")
-    await asyncio.wait_for(forward.wait(), 10)
+    await within(forward.wait(), "kubectl port-forward to give up")
     err = (await forward.stderr.read()).decode()
     assert "an error occurred forwarding" in err
     assert "connect: connection refused" in err
@@ -1090,7 +1109,7 @@ async def test_kubectl_proxy_and_get_raw_reach_pod_and_service_proxies(
     assert raw == "web GET /raw "
     proxy = await start(sim, background, "proxy", "--port=0")
     assert proxy.stdout is not None
-    line = (await asyncio.wait_for(proxy.stdout.readline(), 10)).decode()
+    line = (await within(proxy.stdout.readline(), "the proxy's address")).decode()
     found = re.search(r"127\.0\.0\.1:(\d+)", line)
     assert found, line
     async with aiohttp.ClientSession() as session:
@@ -1113,11 +1132,11 @@ async def test_kubectl_attach_prints_the_containers_output(
     attached = await start(sim, background, "attach", "web", env=env)
     assert attached.stdout is not None
     log = sim.kubelet.runtime.instances(_uid(sim, "web"), "web")[-1].log
-    await sim.wait_for(lambda: log.followers > 0, 10, "kubectl attached")
+    await sim.wait_for(lambda: log.followers > 0, DEADLINE, "kubectl attached")
     ctx.log("attached line")
-    assert await asyncio.wait_for(attached.stdout.readline(), 10) == b"attached line\n"
+    assert await within(attached.stdout.readline(), "the attached line") == b"attached line\n"
     ctx.exit(0)
-    assert await asyncio.wait_for(attached.wait(), 10) == 0
+    assert await within(attached.wait(), "kubectl attach to end with the container") == 0
 
 
 @needs_kubectl
@@ -1156,6 +1175,6 @@ async def test_kubectl_debug_adds_an_ephemeral_container_and_a_node_debug_pod(
             .get("phase")
             == "Succeeded"
         ),
-        5,
+        DEADLINE,
         "the debug pod ends with its shell",
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubesim_helpers import kubectl, needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from kubesim import PodContext, termination
@@ -31,7 +32,11 @@ def _status(sim: kubesim.Cluster, name: str) -> dict[str, Any]:
 
 
 async def _terminated(sim: kubesim.Cluster, name: str) -> dict[str, Any]:
-    await sim.wait_for(lambda: "terminated" in (_status(sim, name).get("state") or {}), 10)
+    await eventually(
+        lambda: "terminated" in (_status(sim, name).get("state") or {}),
+        f"the container of {name} terminated",
+        state=lambda: _status(sim, name),
+    )
     return dict(_status(sim, name)["state"]["terminated"])
 
 
@@ -73,7 +78,7 @@ async def test_a_restarted_container_keeps_its_message_in_last_state(
     def restarted() -> bool:
         return bool(_status(sim, "again").get("lastState", {}).get("terminated"))
 
-    await sim.wait_for(restarted, 10)
+    await sim.wait_for(restarted, DEADLINE)
     last = _status(sim, "again")["lastState"]["terminated"]
     assert last["message"] == "driver: not loaded"
 

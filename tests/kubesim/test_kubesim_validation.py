@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import KUBECTL, Api, kubectl, needs_kubectl
+from waiting import DEADLINE
 
 import kubesim
 from kubesim import builtin_schemas, errors, openapi, openapi_v2
@@ -924,7 +925,7 @@ async def test_kubectl_describe_works_on_every_kind(sim: kubesim.Cluster) -> Non
     for _kind, manifest in DESCRIBED:
         manifest = copy.deepcopy(manifest)
         await kubectl(sim, "apply", "-f", "-", stdin=json.dumps(manifest))
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     for kind, manifest in DESCRIBED:
         out = await kubectl(sim, "describe", kind, manifest["metadata"]["name"])
         assert manifest["metadata"]["name"] in out

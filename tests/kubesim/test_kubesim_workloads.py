@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 from kubesim_helpers import Api, instant, kubectl, needs_kubectl
+from waiting import DEADLINE, eventually
 
 import kubesim
 from kubesim import cron, errors, tables
 from kubesim.controllers.kubelet import PodContext
 
 TASK = "example/task"
+KUBECTL_WAIT = f"--timeout={DEADLINE:g}s"  # `kubectl rollout status`'s deadline
 
 
 # ----- helpers ----------------------------------------------------------------------------------
@@ -95,10 +97,10 @@ def invalid_message(excinfo: pytest.ExceptionInfo[errors.ApiError]) -> str:
 
 
 async def finish(sim: kubesim.Cluster, name: str, ctype: str = "Complete") -> dict[str, Any]:
-    await sim.wait_for(
+    await eventually(
         lambda: condition(sim.store.get("jobs", name, "default"), ctype) is not None,
-        10,
         f"job {name} {ctype}",
+        state=lambda: (sim.store.get("jobs", name, "default") or {}).get("status"),
     )
     return get(sim, "jobs", name)
 
@@ -321,7 +323,7 @@ async def test_endpoints_list_ready_and_not_ready_pods_with_named_target_ports(
             len(((sim.store.get("endpoints", "web", "default") or {}).get("subsets") or [{}])[0])
             == 3
         ),
-        5,
+        DEADLINE,
         "both address lists",
     )
     endpoints = get(sim, "endpoints", "web")
@@ -343,7 +345,7 @@ async def test_publish_not_ready_addresses_publishes_every_pod_as_ready(
     sim.store.create(service("web", selector={"app": "web"}, publishNotReadyAddresses=True))
     add_pod(sim, endpoint_pod("b", "10.1.0.3", ready=False))
     await sim.wait_for(
-        lambda: bool((sim.store.get("endpoints", "web", "default") or {}).get("subsets")), 5
+        lambda: bool((sim.store.get("endpoints", "web", "default") or {}).get("subsets")), DEADLINE
     )
     subset = get(sim, "endpoints", "web")["subsets"][0]
     assert [a["ip"] for a in subset["addresses"]] == ["10.1.0.3"]
@@ -358,7 +360,9 @@ async def test_endpointslices_carry_labels_owner_and_conditions_and_a_placeholde
         service("web", selector={"app": "web"}, ports=[{"name": "web", "port": 80}])
     )
     selector = "kubernetes.io/service-name=web"
-    await sim.wait_for(lambda: len(sim.store.list("endpointslices", "default", selector)) == 1, 5)
+    await sim.wait_for(
+        lambda: len(sim.store.list("endpointslices", "default", selector)) == 1, DEADLINE
+    )
     placeholder = sim.store.list("endpointslices", "default", selector)[0]
     assert placeholder.get("endpoints") is None
     assert placeholder.get("ports") is None
@@ -374,7 +378,7 @@ async def test_endpointslices_carry_labels_owner_and_conditions_and_a_placeholde
         found = sim.store.list("endpointslices", "default", selector)
         return list(found[0].get("endpoints") or []) if len(found) == 1 else []
 
-    await sim.wait_for(lambda: len(endpoints_listed()) == 2, 5)
+    await sim.wait_for(lambda: len(endpoints_listed()) == 2, DEADLINE)
     current = sim.store.list("endpointslices", "default", selector)[0]
     assert current["metadata"]["name"] == placeholder["metadata"]["name"]
     assert current["addressType"] == "IPv4"
@@ -398,11 +402,11 @@ async def test_terminating_pod_leaves_endpoints_but_stays_in_its_slice_as_termin
     pod["metadata"]["finalizers"] = ["example.com/hold"]
     add_pod(sim, pod)
     await sim.wait_for(
-        lambda: bool((sim.store.get("endpoints", "web", "default") or {}).get("subsets")), 5
+        lambda: bool((sim.store.get("endpoints", "web", "default") or {}).get("subsets")), DEADLINE
     )
     sim.store.delete("pods", "a", "default")
     await sim.wait_for(
-        lambda: not (sim.store.get("endpoints", "web", "default") or {}).get("subsets"), 5
+        lambda: not (sim.store.get("endpoints", "web", "default") or {}).get("subsets"), DEADLINE
     )
     endpoint = sim.store.list("endpointslices", "default", "kubernetes.io/service-name=web")[0][
         "endpoints"
@@ -416,7 +420,7 @@ async def test_service_without_selector_gets_no_managed_endpoints(
     sim = endpoint_sim
     sim.store.create(service("manual"))
     add_pod(sim, endpoint_pod("a", "10.1.0.2", ready=True))
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert sim.store.get("endpoints", "manual", "default") is None
     assert sim.store.list("endpointslices", "default", "kubernetes.io/service-name=manual") == []
 
@@ -466,11 +470,13 @@ async def test_job_pods_hold_the_tracking_finalizer_while_they_run(sim: kubesim.
     readiness = Readiness()
     sim.register_pod_runner(readiness, image=TASK)
     sim.store.create(job("slow", pod={"containers": [container(**PROBE)]}))
-    await sim.wait_for(lambda: len(pods(sim, "job-name=slow")) == 1, 5)
+    await sim.wait_for(lambda: len(pods(sim, "job-name=slow")) == 1, DEADLINE)
     pod = pods(sim, "job-name=slow")[0]
     assert pod["metadata"]["finalizers"] == ["batch.kubernetes.io/job-tracking"]
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
-    await sim.wait_for(lambda: (get(sim, "jobs", "slow").get("status") or {}).get("active") == 1, 5)
+    await sim.wait_for(
+        lambda: (get(sim, "jobs", "slow").get("status") or {}).get("active") == 1, DEADLINE
+    )
 
 
 @pytest.mark.parametrize("propagation", ["Background", "Foreground"])
@@ -479,10 +485,10 @@ async def test_deleting_a_running_job_takes_its_pods_with_it(
 ) -> None:
     sim.register_pod_runner(Readiness(), image=TASK)
     sim.store.create(job("gone", parallelism=2, completions=2))
-    await sim.wait_for(lambda: len(pods(sim, "job-name=gone")) == 2, 5)
+    await sim.wait_for(lambda: len(pods(sim, "job-name=gone")) == 2, DEADLINE)
     sim.store.delete("jobs", "gone", "default", propagation=propagation)
-    await sim.wait_for(lambda: not pods(sim, "job-name=gone"), 5, "pods deleted")
-    await sim.wait_for(lambda: sim.store.get("jobs", "gone", "default") is None, 5)
+    await sim.wait_for(lambda: not pods(sim, "job-name=gone"), DEADLINE, "pods deleted")
+    await sim.wait_for(lambda: sim.store.get("jobs", "gone", "default") is None, DEADLINE)
 
 
 async def test_a_manual_selector_is_required_to_choose_the_selector(sim: kubesim.Cluster) -> None:
@@ -544,9 +550,9 @@ async def test_active_deadline_fails_the_job_when_the_clock_passes_it(
     sim.register_pod_runner(Readiness(), image=TASK)
     sim.store.create(job("bounded", activeDeadlineSeconds=600))
     await sim.wait_for(
-        lambda: (get(sim, "jobs", "bounded").get("status") or {}).get("active") == 1, 5
+        lambda: (get(sim, "jobs", "bounded").get("status") or {}).get("active") == 1, DEADLINE
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert condition(get(sim, "jobs", "bounded"), "FailureTarget") is None
     sim.clock.advance(601)
     failed = await finish(sim, "bounded", "Failed")
@@ -562,11 +568,11 @@ async def test_ttl_after_finished_deletes_the_job_and_its_pods(sim: kubesim.Clus
     sim.register_pod_runner(done, image=TASK)
     sim.store.create(job("brief", ttlSecondsAfterFinished=100))
     await finish(sim, "brief")
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert sim.store.get("jobs", "brief", "default") is not None
     sim.clock.advance(101)
-    await sim.wait_for(lambda: sim.store.get("jobs", "brief", "default") is None, 5)
-    await sim.wait_for(lambda: not pods(sim, "job-name=brief"), 5)
+    await sim.wait_for(lambda: sim.store.get("jobs", "brief", "default") is None, DEADLINE)
+    await sim.wait_for(lambda: not pods(sim, "job-name=brief"), DEADLINE)
 
 
 async def test_indexed_job_gives_each_pod_its_index_label_hostname_and_env(
@@ -603,7 +609,7 @@ async def test_suspended_job_starts_no_pods_until_it_is_resumed(sim: kubesim.Clu
 
     sim.register_pod_runner(done, image=TASK)
     sim.store.create(job("later", suspend=True))
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     suspended = get(sim, "jobs", "later")
     assert not pods(sim, "job-name=later")
     assert condition(suspended, "Suspended") is not None
@@ -681,10 +687,10 @@ async def test_cronjob_creates_a_job_for_each_firing_as_the_clock_advances(
 
     sim.register_pod_runner(done, image=TASK)
     sim.store.create(cronjob("tick"))
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert cron_jobs(sim, "tick") == []
     sim.clock.advance(300)
-    await sim.wait_for(lambda: len(cron_jobs(sim, "tick")) == 1, 5, "first firing")
+    await sim.wait_for(lambda: len(cron_jobs(sim, "tick")) == 1, DEADLINE, "first firing")
     created = cron_jobs(sim, "tick")[0]
     scheduled = created["metadata"]["annotations"][
         "batch.kubernetes.io/cronjob-scheduled-timestamp"
@@ -696,7 +702,7 @@ async def test_cronjob_creates_a_job_for_each_firing_as_the_clock_advances(
     assert created["metadata"]["ownerReferences"][0]["kind"] == "CronJob"
     await finish(sim, created["metadata"]["name"])
     await sim.wait_for(
-        lambda: "lastSuccessfulTime" in (get(sim, "cronjobs", "tick").get("status") or {}), 5
+        lambda: "lastSuccessfulTime" in (get(sim, "cronjobs", "tick").get("status") or {}), DEADLINE
     )
     status = get(sim, "cronjobs", "tick")["status"]
     assert status["lastScheduleTime"] == scheduled
@@ -705,7 +711,7 @@ async def test_cronjob_creates_a_job_for_each_firing_as_the_clock_advances(
     assert ("Normal", "SuccessfulCreate", f"Created job {created['metadata']['name']}") in recorded
     assert any(e[1] == "SawCompletedJob" and e[2].endswith("condition: Complete") for e in recorded)
     sim.clock.advance(300)
-    await sim.wait_for(lambda: len(cron_jobs(sim, "tick")) == 2, 5, "second firing")
+    await sim.wait_for(lambda: len(cron_jobs(sim, "tick")) == 2, DEADLINE, "second firing")
 
 
 async def test_forbid_skips_a_firing_while_a_job_runs_and_replace_deletes_it(
@@ -716,12 +722,12 @@ async def test_forbid_skips_a_firing_while_a_job_runs_and_replace_deletes_it(
     sim.store.create(cronjob("fresh", concurrencyPolicy="Replace"))
     sim.clock.advance(300)
     await sim.wait_for(
-        lambda: len(cron_jobs(sim, "only")) == 1 and len(cron_jobs(sim, "fresh")) == 1, 5
+        lambda: len(cron_jobs(sim, "only")) == 1 and len(cron_jobs(sim, "fresh")) == 1, DEADLINE
     )
     first_fresh = cron_jobs(sim, "fresh")[0]["metadata"]["name"]
     sim.clock.advance(300)
     await sim.wait_for(
-        lambda: any(e[1] == "JobAlreadyActive" for e in events(sim, "only")), 5, "forbid"
+        lambda: any(e[1] == "JobAlreadyActive" for e in events(sim, "only")), DEADLINE, "forbid"
     )
     await sim.wait_for(
         lambda: (
@@ -732,7 +738,7 @@ async def test_forbid_skips_a_firing_while_a_job_runs_and_replace_deletes_it(
             ]
             not in ([], [first_fresh])
         ),
-        5,
+        DEADLINE,
         "replacement",
     )
     assert len(cron_jobs(sim, "only")) == 1
@@ -750,11 +756,11 @@ async def test_a_firing_older_than_the_starting_deadline_is_skipped(
     # Past the top of the hour by more than ten seconds: that firing is never started.
     now = sim.clock.now()
     sim.clock.advance(3600 - now.minute * 60 - now.second + 120)
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert cron_jobs(sim, "late") == []
     # The next firing is started when the controller wakes for it, within the deadline.
     sim.clock.advance(3600 - 120)
-    await sim.wait_for(lambda: len(cron_jobs(sim, "late")) == 1, 5)
+    await sim.wait_for(lambda: len(cron_jobs(sim, "late")) == 1, DEADLINE)
 
 
 async def test_finished_jobs_beyond_the_history_limit_are_deleted_oldest_first(
@@ -766,14 +772,14 @@ async def test_finished_jobs_beyond_the_history_limit_are_deleted_oldest_first(
     sim.register_pod_runner(done, image=TASK)
     sim.store.create(cronjob("kept", schedule="* * * * *", successfulJobsHistoryLimit=1))
     sim.clock.advance(60)
-    await sim.wait_for(lambda: len(names_of(cron_jobs(sim, "kept"))) == 1, 5)
+    await sim.wait_for(lambda: len(names_of(cron_jobs(sim, "kept"))) == 1, DEADLINE)
     (first,) = names_of(cron_jobs(sim, "kept"))
     await finish(sim, first)
     sim.clock.advance(60)
-    await sim.wait_for(lambda: len(cron_jobs(sim, "kept")) == 2, 5, "second job")
+    await sim.wait_for(lambda: len(cron_jobs(sim, "kept")) == 2, DEADLINE, "second job")
     second = next(n for n in names_of(cron_jobs(sim, "kept")) if n != first)
     await finish(sim, second)
-    await sim.wait_for(lambda: names_of(cron_jobs(sim, "kept")) == [second], 5, "cleanup")
+    await sim.wait_for(lambda: names_of(cron_jobs(sim, "kept")) == [second], DEADLINE, "cleanup")
     assert ("Normal", "SuccessfulDelete", f"Deleted job {first}") in events(sim, "kept")
 
 
@@ -784,7 +790,7 @@ def names_of(items: list[dict[str, Any]]) -> list[str]:
 async def test_suspended_cronjob_creates_no_jobs(sim: kubesim.Cluster) -> None:
     sim.store.create(cronjob("paused", suspend=True))
     sim.clock.advance(900)
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     assert cron_jobs(sim, "paused") == []
 
 
@@ -804,8 +810,8 @@ async def test_ordered_ready_statefulset_creates_pods_one_at_a_time_in_order(
         pod={"containers": [container("example/db:1", **PROBE)]},
     )
     sim.store.create(sts)
-    await sim.wait_for(lambda: [p["metadata"]["name"] for p in pods(sim)] == ["db-0"], 5)
-    await sim.settle()
+    await sim.wait_for(lambda: [p["metadata"]["name"] for p in pods(sim)] == ["db-0"], DEADLINE)
+    await sim.settle(timeout=DEADLINE)
     assert [p["metadata"]["name"] for p in pods(sim)] == ["db-0"]
     first = pods(sim)[0]
     assert first["spec"]["hostname"] == "db-0"
@@ -815,10 +821,11 @@ async def test_ordered_ready_statefulset_creates_pods_one_at_a_time_in_order(
     assert labels["apps.kubernetes.io/pod-index"] == "0"
     assert labels["controller-revision-hash"].startswith("db-")
     readiness.make_ready("db-0")
-    await sim.wait_for(lambda: len(pods(sim)) == 2, 5)
+    await sim.wait_for(lambda: len(pods(sim)) == 2, DEADLINE)
     readiness.make_ready("db-1", "db-2")
     await sim.wait_for(
-        lambda: (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3, 5
+        lambda: (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3,
+        DEADLINE,
     )
     status = get(sim, "statefulsets", "db")["status"]
     assert status["replicas"] == status["currentReplicas"] == status["updatedReplicas"] == 3
@@ -846,9 +853,9 @@ async def test_parallel_statefulset_creates_all_pods_at_once_and_scales_down_fro
         pod={"containers": [container("example/db:1", **PROBE)]},
     )
     sim.store.create(sts)
-    await sim.wait_for(lambda: len(pods(sim)) == 3, 5)
+    await sim.wait_for(lambda: len(pods(sim)) == 3, DEADLINE)
     sim.store.patch("statefulsets", "db", {"spec": {"replicas": 1}}, "default")
-    await sim.wait_for(lambda: [p["metadata"]["name"] for p in pods(sim)] == ["db-0"], 5)
+    await sim.wait_for(lambda: [p["metadata"]["name"] for p in pods(sim)] == ["db-0"], DEADLINE)
     deleted = [e[2] for e in events(sim, "db") if e[1] == "SuccessfulDelete"]
     assert sorted(deleted) == [
         "delete Pod db-1 in StatefulSet db successful",
@@ -859,10 +866,11 @@ async def test_parallel_statefulset_creates_all_pods_at_once_and_scales_down_fro
 async def test_ordered_scale_down_removes_the_highest_ordinal_first(sim: kubesim.Cluster) -> None:
     sim.store.create(workload("StatefulSet", "db", 3))
     await sim.wait_for(
-        lambda: (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3, 5
+        lambda: (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3,
+        DEADLINE,
     )
     sim.store.patch("statefulsets", "db", {"spec": {"replicas": 1}}, "default")
-    await sim.wait_for(lambda: [p["metadata"]["name"] for p in pods(sim)] == ["db-0"], 5)
+    await sim.wait_for(lambda: [p["metadata"]["name"] for p in pods(sim)] == ["db-0"], DEADLINE)
     deleted = [e[2] for e in events(sim, "db") if e[1] == "SuccessfulDelete"]
     assert deleted == [
         "delete Pod db-2 in StatefulSet db successful",
@@ -876,7 +884,8 @@ async def test_rolling_update_replaces_pods_from_the_top_down_to_the_partition(
     strategy = {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}}
     sim.store.create(workload("StatefulSet", "db", 3, updateStrategy=strategy))
     await sim.wait_for(
-        lambda: (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3, 5
+        lambda: (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3,
+        DEADLINE,
     )
     old_revision = get(sim, "statefulsets", "db")["status"]["currentRevision"]
     patch = {"spec": {"template": {"spec": {"containers": [container("example/db:2")]}}}}
@@ -894,9 +903,9 @@ async def test_rolling_update_replaces_pods_from_the_top_down_to_the_partition(
             (get(sim, "statefulsets", "db").get("status") or {}).get("updatedReplicas") == 2
             and (get(sim, "statefulsets", "db").get("status") or {}).get("readyReplicas") == 3
         ),
-        10,
+        DEADLINE,
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     status = get(sim, "statefulsets", "db")["status"]
     new_revision = status["updateRevision"]
     assert new_revision != old_revision
@@ -919,7 +928,7 @@ async def test_rolling_update_replaces_pods_from_the_top_down_to_the_partition(
             (get(sim, "statefulsets", "db").get("status") or {}).get("currentRevision")
             == new_revision
         ),
-        10,
+        DEADLINE,
     )
     assert set(revisions().values()) == {new_revision}
     numbers = sorted(r["revision"] for r in sim.store.list("controllerrevisions", "default"))
@@ -932,7 +941,9 @@ async def test_volume_claim_templates_become_claims_per_pod(sim: kubesim.Cluster
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     sim.store.create(workload("StatefulSet", "db", 2, volumeClaimTemplates=[claim]))
-    await sim.wait_for(lambda: len(sim.store.list("persistentvolumeclaims", "default")) == 2, 5)
+    await sim.wait_for(
+        lambda: len(sim.store.list("persistentvolumeclaims", "default")) == 2, DEADLINE
+    )
     claims = sim.store.list("persistentvolumeclaims", "default")
     assert [c["metadata"]["name"] for c in claims] == ["data-db-0", "data-db-1"]
     assert claims[0]["metadata"]["labels"] == {"app": "db"}
@@ -950,7 +961,7 @@ async def test_scale_subresource_reads_and_writes_the_replica_count(
     sim.store.create(workload("Deployment", "web", 2))
     path = "/apis/apps/v1/namespaces/default/deployments/web/scale"
     await sim.wait_for(
-        lambda: (get(sim, "deployments", "web").get("status") or {}).get("replicas") == 2, 5
+        lambda: (get(sim, "deployments", "web").get("status") or {}).get("replicas") == 2, DEADLINE
     )
     scale = await api.ok("GET", path)
     assert scale["kind"] == "Scale"
@@ -1040,7 +1051,9 @@ async def rolled_out(sim: kubesim.Cluster, name: str) -> dict[str, Any]:
             and deploy["status"].get("replicas") == deploy["spec"]["replicas"]
         )
 
-    await sim.wait_for(done, 10, f"{name} rolled out")
+    await eventually(
+        done, f"{name} rolled out", state=lambda: get(sim, "deployments", name).get("status")
+    )
     return get(sim, "deployments", name)
 
 
@@ -1112,10 +1125,10 @@ async def test_scaling_during_a_stuck_rollout_spreads_replicas_proportionally(
         return sorted(rs["spec"]["replicas"] for rs in replica_sets(sim))
 
     # 25% of 10: surge 3 (rounded up), unavailable 2 (rounded down): 8 old + 5 new.
-    await sim.wait_for(lambda: sizes() == [5, 8], 5, "stuck rollout")
+    await sim.wait_for(lambda: sizes() == [5, 8], DEADLINE, "stuck rollout")
     sim.store.patch("deployments", "web", {"spec": {"replicas": 20}}, "default")
     # 25 allowed now; each set grows by its share of max-replicas (13): 8 -> 15, 5 -> 10.
-    await sim.wait_for(lambda: sizes() == [10, 15], 5, "proportional scale")
+    await sim.wait_for(lambda: sizes() == [10, 15], DEADLINE, "proportional scale")
     assert all(
         rs["metadata"]["annotations"]["deployment.kubernetes.io/max-replicas"] == "25"
         for rs in replica_sets(sim)
@@ -1151,7 +1164,7 @@ async def test_revision_history_limit_deletes_the_oldest_unused_replica_sets(
         }
         sim.store.patch("deployments", "web", patch, "default")
         await rolled_out(sim, "web")
-    await sim.wait_for(lambda: len(replica_sets(sim)) == 2, 5)
+    await sim.wait_for(lambda: len(replica_sets(sim)) == 2, DEADLINE)
     assert sorted(revision_of(rs) or "" for rs in replica_sets(sim)) == ["3", "4"]
 
 
@@ -1189,9 +1202,9 @@ async def test_paused_deployment_reports_paused_and_rolls_out_only_once_resumed(
             (condition(get(sim, "deployments", "web"), "Progressing") or {}).get("reason")
             == "DeploymentPaused"
         ),
-        5,
+        DEADLINE,
     )
-    await sim.settle()
+    await sim.settle(timeout=DEADLINE)
     paused = get(sim, "deployments", "web")
     progressing = condition(paused, "Progressing")
     assert progressing is not None
@@ -1217,8 +1230,8 @@ async def test_progress_deadline_is_exceeded_when_pods_never_become_ready(
             pod={"containers": [container("example/stuck:1", **PROBE)]},
         )
     )
-    await sim.wait_for(lambda: len(pods(sim)) == 1, 5)
-    await sim.settle()
+    await sim.wait_for(lambda: len(pods(sim)) == 1, DEADLINE)
+    await sim.settle(timeout=DEADLINE)
     before = condition(get(sim, "deployments", "stuck"), "Progressing")
     assert before is not None
     assert before["status"] == "True"
@@ -1231,7 +1244,7 @@ async def test_progress_deadline_is_exceeded_when_pods_never_become_ready(
             (condition(get(sim, "deployments", "stuck"), "Progressing") or {}).get("reason")
             == "ProgressDeadlineExceeded"
         ),
-        5,
+        DEADLINE,
     )
     timed_out = condition(get(sim, "deployments", "stuck"), "Progressing")
     assert timed_out is not None
@@ -1243,14 +1256,14 @@ async def test_daemonset_records_pod_create_and_delete_events(sim: kubesim.Clust
     daemon = workload("DaemonSet", "agent")
     daemon["spec"].pop("replicas")
     sim.store.create(daemon)
-    await sim.wait_for(lambda: len(pods(sim)) == 2, 5)
+    await sim.wait_for(lambda: len(pods(sim)) == 2, DEADLINE)
     created = [e for e in events(sim, "agent") if e[1] == "SuccessfulCreate"]
     assert len(created) == 2
     assert all(e[2].startswith("Created pod: agent-") for e in created)
     hide = {"spec": {"template": {"spec": {"nodeSelector": {"pool": "none"}}}}}
     sim.store.patch("daemonsets", "agent", hide, "default")
     await sim.wait_for(
-        lambda: sum(1 for e in events(sim, "agent") if e[1] == "SuccessfulDelete") == 2, 5
+        lambda: sum(1 for e in events(sim, "agent") if e[1] == "SuccessfulDelete") == 2, DEADLINE
     )
     deleted = [e[2] for e in events(sim, "agent") if e[1] == "SuccessfulDelete"]
     assert all(message.startswith("Deleted pod: agent-") for message in deleted)
@@ -1371,7 +1384,7 @@ async def test_tables_use_the_real_printer_columns(sim: kubesim.Cluster, api: Ap
         "Count",
         "Name",
     ]
-    await sim.wait_for(lambda: bool(sim.store.list("events", "default")), 5)
+    await sim.wait_for(lambda: bool(sim.store.list("events", "default")), DEADLINE)
     _, rows = await table(api, "/api/v1/namespaces/default/events")
     assert all(not str(r[0]).endswith("Z") for r in rows)
 
@@ -1379,26 +1392,25 @@ async def test_tables_use_the_real_printer_columns(sim: kubesim.Cluster, api: Ap
 # ----- real kubectl -----------------------------------------------------------------------------
 
 
-async def poll(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Re-run an async check until it returns something truthy (kubectl round trips)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, "timed out polling"
-        await asyncio.sleep(0.1)
+async def poll(sim: kubesim.Cluster, what: str, *args: str, until: Callable[[str], bool]) -> str:
+    """Re-run `kubectl args` until `until` accepts its output, and return that output (a failed
+    wait shows the last one)."""
+    last = [""]
+
+    async def check() -> str:
+        last[0] = await kubectl(sim, *args)
+        return last[0] if until(last[0]) else ""
+
+    return await eventually(check, what, interval=0.1, state=lambda: last[0])
 
 
 @needs_kubectl
 async def test_kubectl_job_completes_and_describe_shows_its_events(sim: kubesim.Cluster) -> None:
     await kubectl(sim, "create", "job", "hello", "--image=busybox", "--", "echo", "hi")
 
-    async def complete() -> str:
-        out = await kubectl(sim, "get", "job", "hello")
-        return out if "Complete" in out else ""
-
-    out = await poll(complete)
+    out = await poll(
+        sim, "the job complete", "get", "job", "hello", until=lambda out: "Complete" in out
+    )
     assert "COMPLETIONS" in out
     assert "1/1" in out
     described = await kubectl(sim, "describe", "job", "hello")
@@ -1426,11 +1438,10 @@ async def test_kubectl_cronjob_fires_when_the_clock_advances(sim: kubesim.Cluste
     assert "<none>" in out
     sim.clock.advance(600)
 
-    async def fired() -> str:
-        out = await kubectl(sim, "get", "jobs", "-o", "name")
-        return out if "job.batch/tick-" in out else ""
-
-    await poll(fired)
+    await poll(
+        sim, "a job of the CronJob", "get", "jobs", "-o", "name",
+        until=lambda out: "job.batch/tick-" in out,
+    )  # fmt: skip
     described = await kubectl(sim, "describe", "cronjob", "tick")
     assert "Created job tick-" in described
 
@@ -1444,18 +1455,16 @@ async def test_kubectl_expose_scale_and_autoscale(sim: kubesim.Cluster) -> None:
     assert "10." in out
     assert "80/TCP" in out
 
-    async def endpoints() -> str:
-        out = await kubectl(sim, "get", "endpointslices", "-l", "kubernetes.io/service-name=web")
-        return out if out.count(",") >= 1 and ":80" not in out else ""
-
-    await poll(endpoints)
+    await poll(
+        sim, "two endpoints of web", "get", "endpointslices", "-l",
+        "kubernetes.io/service-name=web",
+        until=lambda out: out.count(",") >= 1 and ":80" not in out,
+    )  # fmt: skip
     assert "scaled" in await kubectl(sim, "scale", "deployment", "web", "--replicas=3")
 
-    async def three() -> str:
-        out = await kubectl(sim, "get", "deployment", "web")
-        return out if "3/3" in out else ""
-
-    await poll(three)
+    await poll(
+        sim, "3/3 replicas of web", "get", "deployment", "web", until=lambda out: "3/3" in out
+    )
     assert "autoscaled" in await kubectl(sim, "autoscale", "deployment", "web", "--max=5")
     out = await kubectl(sim, "get", "hpa")
     assert "Deployment/web" in out
@@ -1467,21 +1476,21 @@ async def test_kubectl_rollout_history_undo_restart_pause_and_resume(
     sim: kubesim.Cluster,
 ) -> None:
     await kubectl(sim, "create", "deployment", "web", "--image=nginx:1.26")
-    await kubectl(sim, "rollout", "status", "deployment/web", "--timeout=30s")
+    await kubectl(sim, "rollout", "status", "deployment/web", KUBECTL_WAIT)
     await kubectl(sim, "set", "image", "deployment/web", "nginx=nginx:1.27")
     await kubectl(sim, "annotate", "deployment", "web", "kubernetes.io/change-cause=bump")
-    await kubectl(sim, "rollout", "status", "deployment/web", "--timeout=30s")
+    await kubectl(sim, "rollout", "status", "deployment/web", KUBECTL_WAIT)
     history = await kubectl(sim, "rollout", "history", "deployment/web")
     assert "1         <none>" in history
     assert "2         bump" in history
     await kubectl(sim, "rollout", "undo", "deployment/web", "--to-revision=1")
-    await kubectl(sim, "rollout", "status", "deployment/web", "--timeout=30s")
+    await kubectl(sim, "rollout", "status", "deployment/web", KUBECTL_WAIT)
     assert "nginx:1.26" in await kubectl(sim, "get", "deployment", "web", "-o", "wide")
     history = await kubectl(sim, "rollout", "history", "deployment/web")
     assert "3 " in history
     assert "\n1 " not in history
     await kubectl(sim, "rollout", "restart", "deployment/web")
-    await kubectl(sim, "rollout", "status", "deployment/web", "--timeout=30s")
+    await kubectl(sim, "rollout", "status", "deployment/web", KUBECTL_WAIT)
     assert "4 " in await kubectl(sim, "rollout", "history", "deployment/web")
     await kubectl(sim, "rollout", "pause", "deployment/web")
     refused = await kubectl(sim, "rollout", "undo", "deployment/web", check=False)
@@ -1511,11 +1520,7 @@ spec:
     await kubectl(sim, "create", "serviceaccount", "bot")
     await kubectl(sim, "create", "priorityclass", "high", "--value=1000")
 
-    async def ready() -> str:
-        out = await kubectl(sim, "get", "sts", "db")
-        return out if "2/2" in out else ""
-
-    await poll(ready)
+    await poll(sim, "2/2 replicas of db", "get", "sts", "db", until=lambda out: "2/2" in out)
     assert "CLUSTER-IP" in await kubectl(sim, "get", "svc")
     assert "TYPE     DATA" in await kubectl(sim, "get", "secret", "s1")
     assert "SECRETS" in await kubectl(sim, "get", "sa", "bot")

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kubesim_helpers import KUBECTL, Api, configmap, kubectl, needs_kubectl
+from waiting import DEADLINE, within
 
 import kubesim
 from kubesim import managed_fields as mf
@@ -438,19 +439,22 @@ async def test_kubectl_watches_see_the_changes_of_their_namespace_only(
         await asyncio.create_subprocess_exec(
             str(KUBECTL), "get", "configmaps", "-w", "--no-headers",
             "-o", "custom-columns=NS:.metadata.namespace,X:.metadata.labels.x",
-            *scope, "--request-timeout=30s",
+            *scope, f"--request-timeout={3 * DEADLINE:g}s",  # open for the whole test
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
         )
         for scope in (["-n", "default"], ["-A"])
     ]  # fmt: skip
     try:
-        await sim.wait_for(lambda: sim.store.watcher_count() == 2, 20)
+        await sim.wait_for(lambda: sim.store.watcher_count() == 2, DEADLINE)
         await kubectl(sim, "label", "configmap", "c", "-n", "other", "x=1")
         await kubectl(sim, "label", "configmap", "c", "-n", "default", "x=1")
         lines: list[list[str]] = []
-        for watch, count in zip(watches, (2, 4), strict=True):
+        for watch, count, scope in zip(watches, (2, 4), ("-n default", "-A"), strict=True):
             assert watch.stdout is not None
-            read = [await asyncio.wait_for(watch.stdout.readline(), 20) for _ in range(count)]
+            read = [
+                await within(watch.stdout.readline(), f"{count} lines of kubectl get -w {scope}")
+                for _ in range(count)
+            ]
             lines.append([line.decode().strip() for line in read])
         # Split on whitespace: (namespace, label x) per line, the list first, then changes.
         namespaced, everywhere = ([tuple(line.split()) for line in got] for got in lines)

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from waiting import DEADLINE
 
 from gpu_operator import nvml
 from gpu_operator.nvml import catalog, machines, mock
@@ -575,14 +576,15 @@ def test_wait_blocks_until_an_event_arrives_from_another_thread() -> None:
     started = threading.Event()
 
     def fire() -> None:
-        started.wait(5)
+        assert started.wait(DEADLINE)
         machine.inject_xid(0, 63)
 
     thread = threading.Thread(target=fire)
     thread.start()
     started.set()
-    assert events.wait(5000).event_data == 63
-    thread.join(5)
+    assert events.wait(int(DEADLINE * 1000)).event_data == 63
+    thread.join(DEADLINE)
+    assert not thread.is_alive()
 
 
 def test_gpu_falling_off_the_bus() -> None:
@@ -647,6 +649,7 @@ def test_concurrent_instance_creation_never_oversubscribes() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(DEADLINE)
+        assert not t.is_alive(), "a worker did not finish"
     assert len(made) == 7
     assert len(refused) == 9

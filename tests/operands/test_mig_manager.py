@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from operand_helpers import ctr, env_of, find, make_facts, make_policy, volumes_of
+from waiting import DEADLINE
 
 from gpu_operator.operands import mig_manager
 
@@ -125,7 +126,7 @@ def test_entrypoint_stops_host_gpu_services_only_with_a_host_driver(
         ["/bin/sh", "-c", script],
         capture_output=True,
         text=True,
-        timeout=10,
+        timeout=DEADLINE,
         env={"PATH": os.environ["PATH"], "NVIDIA_DRIVER_ROOT": "/driver-root"},
         check=True,
     )

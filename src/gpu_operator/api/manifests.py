@@ -99,10 +99,27 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 
 
 def _check_yaml_depth(text: str, source: str) -> None:
-    """Refuse YAML nested deeper than MAX_DEPTH before the (recursive) composer sees it."""
-    # libyaml's event parser keeps its own stack, so walking the events cannot overflow.
+    """Refuse YAML nested deeper than MAX_DEPTH before the (recursive) composer sees it.
+
+    libyaml 0.2.5 as bundled since PyYAML 6.0.4 has a flow-nesting limit of its own (1,000), and
+    its scanner reads up to 1,024 characters ahead of the events for a possible implicit key, so
+    on `[[[[...` it stops with "exceeded maximum nesting depth" before our count reaches
+    MAX_DEPTH. The pure-Python parser has no such limit: walking its events reports the same
+    level, line and column whichever PyYAML is installed.
+    """
+    try:
+        _walk_depth(yaml.parse(text, Loader=_Loader), source)
+    except yaml.scanner.ScannerError as err:
+        if "nesting depth" not in str(err.problem):
+            raise
+        _walk_depth(yaml.parse(text, Loader=yaml.SafeLoader), source)
+        raise  # unreachable: the parser only stops past 1,000 levels, far beyond MAX_DEPTH
+
+
+def _walk_depth(events: Iterator[yaml.Event], source: str) -> None:
+    # The event parsers keep their own stack, so walking the events cannot overflow.
     depth = 0
-    for event in yaml.parse(text, Loader=_Loader):
+    for event in events:
         if isinstance(event, _CONTAINER_EVENTS):
             depth += 1
             if depth > MAX_DEPTH:

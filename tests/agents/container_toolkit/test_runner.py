@@ -4,12 +4,12 @@ re-applied with an Event, restore on stop (and on cancellation), failures said p
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import DEADLINE, eventually, within
 
 from gpu_operator import nvml
 from gpu_operator.agents.container_toolkit import runner, settings
@@ -62,12 +62,13 @@ class Events:
         return [r for _, r, _ in self.seen]
 
 
-async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+async def until(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float = DEADLINE,
+    state: Callable[[], object] | None = None,
+) -> None:
+    await eventually(condition, what, timeout=timeout, interval=0.01, state=state)
 
 
 class Node:
@@ -106,7 +107,7 @@ async def test_the_agent_configures_watches_and_restores_the_node(tmp_path: Path
     node = Node(tmp_path)
     stop = asyncio.Event()
     task = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
-    await asyncio.wait_for(node.ready.wait(), 5)
+    await within(node.ready.wait(), "the agent to be ready")
     assert b'"/etc/containerd/conf.d/*.toml"' in node.config.read_bytes()
     assert b"nvidia-container-runtime.cdi" in node.drop_in.read_bytes()
     assert (tmp_path / "usr/local/nvidia/toolkit/nvidia-container-runtime").is_file()
@@ -115,7 +116,11 @@ async def test_the_agent_configures_watches_and_restores_the_node(tmp_path: Path
     assert node.events.reasons() == ["RuntimeConfigured"]
 
     node.drop_in.unlink()  # behind our back
-    await until(lambda: "RuntimeConfigDrift" in node.events.reasons(), "the drift event")
+    await until(
+        lambda: "RuntimeConfigDrift" in node.events.reasons(),
+        "the drift event",
+        state=node.events.reasons,
+    )
     assert node.drop_in.is_file()
     drift = next(m for _, r, m in node.events.seen if r == "RuntimeConfigDrift")
     assert drift.startswith("/etc/containerd/conf.d/99-nvidia.toml: ")
@@ -123,7 +128,7 @@ async def test_the_agent_configures_watches_and_restores_the_node(tmp_path: Path
     assert node.restarter.count == 2
 
     stop.set()
-    assert await asyncio.wait_for(task, 5) == runner.EXIT_OK
+    assert await within(task, "the agent to exit") == runner.EXIT_OK
     assert node.config.read_bytes() == node.original
     assert not node.drop_in.exists()
     assert not node.spec.exists()
@@ -135,7 +140,7 @@ async def test_the_agent_configures_watches_and_restores_the_node(tmp_path: Path
 async def test_a_cancelled_agent_still_restores_the_config(tmp_path: Path) -> None:
     node = Node(tmp_path)
     task = asyncio.create_task(node.agent().run(asyncio.Event(), on_ready=node.ready.set))
-    await asyncio.wait_for(node.ready.wait(), 5)
+    await within(node.ready.wait(), "the agent to be ready")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -157,15 +162,21 @@ async def test_without_a_driver_the_agent_is_not_ready_until_the_cdi_spec_can_be
 
     stop = asyncio.Event()
     task = asyncio.create_task(node.agent(open_nvml).run(stop, on_ready=node.ready.set))
-    await until(lambda: "Driver Not Loaded" in caplog.text, "the CDI error in the log")
+    await until(
+        lambda: "Driver Not Loaded" in caplog.text,
+        "the CDI error in the log",
+        state=lambda: caplog.messages,
+    )
     assert "cannot generate the management CDI spec: failed to initialize NVML" in caplog.text
     assert not node.ready.is_set()
-    assert node.drop_in.is_file()  # the runtime is configured meanwhile
+    # The runtime is configured meanwhile (after the failed CDI attempt), while not ready.
+    await until(node.drop_in.is_file, "the runtime drop-in config")
+    assert not node.ready.is_set()
     loaded = True
-    await asyncio.wait_for(node.ready.wait(), 5)
+    await within(node.ready.wait(), "the agent to be ready")
     assert node.spec.is_file()
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await within(task, "the agent to exit")
 
 
 async def test_a_cdi_spec_that_stays_ungenerated_ends_the_agent_with_the_reason_and_keeps_config(
@@ -177,7 +188,7 @@ async def test_a_cdi_spec_that_stays_ungenerated_ends_the_agent_with_the_reason_
         raise nvml.DriverNotLoaded("Driver Not Loaded")
 
     agent = node.agent(open_nvml)
-    code = await asyncio.wait_for(agent.run(asyncio.Event(), on_ready=node.ready.set), 5)
+    code = await within(agent.run(asyncio.Event(), on_ready=node.ready.set), "the agent to give up")
     assert code == runner.EXIT_FAILED
     assert not node.ready.is_set()
     assert agent.failure is not None
@@ -203,10 +214,10 @@ async def test_cdi_spec_timeout_zero_retries_forever(tmp_path: Path) -> None:
     stop = asyncio.Event()
     agent = node.agent(open_nvml)
     task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
-    await until(lambda: attempts >= 3, "three CDI attempts", timeout=10)
+    await until(lambda: attempts >= 3, "three CDI attempts", state=lambda: attempts)
     assert not task.done()
     stop.set()
-    assert await asyncio.wait_for(task, 5) == runner.EXIT_OK
+    assert await within(task, "the agent to exit") == runner.EXIT_OK
     assert agent.failure is None
 
 
@@ -216,11 +227,11 @@ async def test_a_second_instance_on_the_node_exits_with_the_lock_message(
     node = Node(tmp_path)
     stop = asyncio.Event()
     first = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
-    await asyncio.wait_for(node.ready.wait(), 5)
+    await within(node.ready.wait(), "the agent to be ready")
     assert await node.agent().run(asyncio.Event()) == runner.EXIT_FAILED
     assert "another instance of the toolkit container is already running" in caplog.text
     stop.set()
-    await asyncio.wait_for(first, 5)
+    await within(first, "the first agent to exit")
 
 
 async def test_an_unreadable_config_fails_with_an_event_naming_the_file(tmp_path: Path) -> None:
@@ -237,9 +248,9 @@ async def test_nri_mode_leaves_the_runtime_config_alone(tmp_path: Path) -> None:
     node = Node(tmp_path, {"ENABLE_NRI_PLUGIN": "true"})
     stop = asyncio.Event()
     task = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
-    await asyncio.wait_for(node.ready.wait(), 5)
+    await within(node.ready.wait(), "the agent to be ready")
     assert node.config.read_bytes() == node.original
     assert not node.drop_in.exists()
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await within(task, "the agent to exit")
     assert node.restarter.count == 0

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kubesim_helpers import daemonset, instant
 from vm_hosts import host as make_host
+from waiting import DEADLINE, eventually, within
 
 import kubesim
 from gpu_operator.agents.driver_manager import host as host_mod
@@ -48,7 +49,7 @@ FAST = Settings(
     node_name=NODE,
     enable_auto_drain=False,  # as the driver DaemonSet renders it
     poll_interval=0.05,
-    operand_wait_timeout=10.0,
+    operand_wait_timeout=DEADLINE,
     preinstalled_exit_delay=0.01,
 )
 
@@ -85,8 +86,23 @@ class Node:
             if e.get("reason") == reason and e["involvedObject"].get("name") == NODE
         ]
 
-    async def until(self, predicate: Callable[[], Any], what: str, timeout: float = 15) -> None:
-        await self.sim.wait_for(predicate, timeout=timeout, message=what)
+    def summary(self) -> dict[str, Any]:
+        """What a failed wait shows: the node's labels and cordon, the pods and their phases."""
+        return {
+            "labels": self.labels() if self.node() else None,
+            "cordoned": self.cordoned(),
+            "pods": {
+                f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": (
+                    p.get("status") or {}
+                ).get("phase")
+                for p in self.sim.store.list("pods")
+            },
+        }
+
+    async def until(
+        self, predicate: Callable[[], Any], what: str, timeout: float = DEADLINE
+    ) -> None:
+        await eventually(predicate, what, timeout=timeout, state=self.summary)
 
     async def run(
         self, settings: Settings = FAST, stop: asyncio.Event | None = None
@@ -260,7 +276,7 @@ async def test_a_pdb_refusal_is_retried_and_reported_until_the_budget_allows_the
         c.sim.store.patch(
             "poddisruptionbudgets.policy", "cuda", {"spec": {"minAvailable": 0}}, "default"
         )
-        outcome = await asyncio.wait_for(task, 20)
+        outcome = await within(task, "the driver manager to finish")
 
         assert outcome == runner.Outcome(runner.EXIT_OK, "uninstall")
         assert c.sim.store.get("pods", original["metadata"]["name"], "default") is None
@@ -347,7 +363,7 @@ async def test_a_label_changed_while_paused_is_left_as_it_is(
         c.sim.store.patch(
             "poddisruptionbudgets.policy", "cuda", {"spec": {"minAvailable": 0}}, "default"
         )
-        assert (await asyncio.wait_for(task, 20)).code == runner.EXIT_OK
+        assert (await within(task, "the driver manager to finish")).code == runner.EXIT_OK
         assert c.labels()[DEPLOY + "device-plugin"] == "false"
         assert c.labels()[DEPLOY + "gpu-feature-discovery"] == "true"
         assert f"left {DEPLOY}device-plugin=false as it is" in caplog.text
@@ -362,7 +378,7 @@ async def test_sigterm_while_waiting_restores_the_labels_and_our_cordon() -> Non
         await c.until(lambda: c.events("EvictionRefused"), "an EvictionRefused Event")
         assert c.cordoned()
         stop.set()
-        outcome = await asyncio.wait_for(task, 10)
+        outcome = await within(task, "the driver manager to stop")
         assert outcome.code == runner.EXIT_STOPPED
         assert _restored(c)
         assert not c.cordoned()
