@@ -74,7 +74,7 @@ def test_every_example_lists_sorted_unique_images_rendered_objects_use(example: 
 
 def test_default_policy_lists_each_enabled_operand_and_not_disabled_ones() -> None:
     lines = _images("-f", str(ROOT / "examples" / "clusterpolicy-default.yaml"))
-    assert "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04" in lines
+    assert "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04" in lines
     assert any(i.startswith("nvcr.io/nvidia/k8s-device-plugin:") for i in lines)
     assert any(i.startswith("nvcr.io/nvidia/k8s/container-toolkit:") for i in lines)
     # The driver manager runs as the driver pod's init container.
@@ -101,7 +101,7 @@ def test_nvidiadriver_objects_give_each_pool_its_owners_driver_image(tmp_path: P
     drivers = [i for i in _images("-f", example, "--facts", str(facts)) if "/driver:" in i]
     assert drivers == [
         "nvcr.io/nvidia/driver:570.195.03-ubuntu22.04",
-        "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04",
+        "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04",
     ]
     # Without an A100-80GB pool, the a100-pool driver owns no node and pulls nothing.
     facts.write_text("pools:\n  - {name: t, gpu: T4}\n")
@@ -115,7 +115,7 @@ def test_chart_default_values_list_operator_nfd_and_operands() -> None:
     assert any(i.startswith("ghcr.io/gpu-operator-py/gpu-operator:") for i in lines)
     assert any(i.startswith("registry.k8s.io/nfd/node-feature-discovery:") for i in lines)
     assert any(i.startswith("nvcr.io/nvidia/driver:") for i in lines)
-    assert any(i.startswith("nvcr.io/nvidia/cloud-native/gpu-operator-validator:") for i in lines)
+    assert "nvcr.io/nvidia/gpu-operator:v26.7.0" in lines
 
 
 def test_chart_values_that_disable_the_driver_drop_its_images(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_json_output_names_what_pulls_each_image() -> None:
     data = json.loads(result.stdout)
     by_image = {entry["image"]: entry["usedBy"] for entry in data["images"]}
     assert by_image[image_list.OPERATOR_IMAGE] == ["operator"]
-    driver = by_image["nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"]
+    driver = by_image["nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"]
     assert any(u.startswith("state-driver: DaemonSet") for u in driver)
 
 

@@ -329,6 +329,12 @@ def controller(
     leader_elect: bool = typer.Option(
         False, "--leader-elect", help="Run only while holding the leader Lease (for HA)."
     ),
+    leader_elect_namespace: str = typer.Option(
+        "",
+        "--leader-elect-namespace",
+        envvar="LEADER_ELECT_NAMESPACE",
+        help="Namespace of the leader Lease (default: the operator's namespace).",
+    ),
     metrics_bind_address: str = typer.Option(":8080", help="Where /metrics is served."),
     health_probe_bind_address: str = typer.Option(
         ":8081",
@@ -363,6 +369,7 @@ def controller(
                 kubeconfig=kubeconfig,
                 namespace=namespace,
                 leader_elect=leader_elect,
+                leader_namespace=leader_elect_namespace,
                 metrics_address=metrics_bind_address,
                 health_address=health_probe_bind_address,
                 status_write_interval=status_write_interval,

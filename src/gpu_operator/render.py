@@ -13,34 +13,20 @@ import pydantic
 import yaml
 
 from gpu_operator import api
-from gpu_operator.api import keys, manifests
+from gpu_operator.api import keys, manifests, upstream_release
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.nodes import labelling
 from gpu_operator.nvml import catalog
 from gpu_operator.operands import registry
 from gpu_operator.operands.facts import ClusterFacts
 
-# The images the Helm chart pins by default, offered as the operator's `*_IMAGE` fallbacks so that
-# minimal policies (which leave images to the operator's environment) render as they would run.
+# The images the Helm chart pins by default (NVIDIA's release in api/upstream_release.yaml), offered
+# as the operator's `*_IMAGE` fallbacks so that minimal policies (which leave images to the
+# operator's environment) render as they would run. The CUDA base image (`operator.initContainer`)
+# is ours: NVIDIA's chart no longer pins one.
 DEFAULT_OPERATOR_ENV: dict[str, str] = {
-    "DRIVER_IMAGE": "nvcr.io/nvidia/driver:580.95.05",
-    "DRIVER_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.9.0",
-    "CONTAINER_TOOLKIT_IMAGE": "nvcr.io/nvidia/k8s/container-toolkit:v1.18.0",
-    "DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/k8s-device-plugin:v0.18.0",
-    "GFD_IMAGE": "nvcr.io/nvidia/k8s-device-plugin:v0.18.0",
-    "VALIDATOR_IMAGE": "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.10.1",
-    "DCGM_IMAGE": "nvcr.io/nvidia/cloud-native/dcgm:4.4.1-2-ubuntu22.04",
-    "DCGM_EXPORTER_IMAGE": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-ubuntu22.04",
-    "MIG_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.13.0",
+    **upstream_release.current().operator_env(),
     "CUDA_BASE_IMAGE": "nvcr.io/nvidia/cuda:13.0.1-base-ubi9",
-    "GDS_IMAGE": "nvcr.io/nvidia/cloud-native/nvidia-fs:2.26.6",
-    "GDRCOPY_IMAGE": "nvcr.io/nvidia/cloud-native/gdrdrv:v2.5.1",
-    "VFIO_MANAGER_IMAGE": "nvcr.io/nvidia/cuda:13.0.1-base-ubi9",
-    "SANDBOX_DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.4.0",
-    "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.4.0",
-    "VGPU_DEVICE_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.4.0",
-    "KATA_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-kata-manager:v0.2.3",
-    "CC_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.1.1",
 }
 RUNTIME_VERSIONS = {
     "containerd": "containerd://2.0.5",

@@ -34,12 +34,9 @@ def test_operator_deployment(render: Any) -> None:
     assert env["OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert (
         env["DRIVER_MANAGER_IMAGE"]["value"]
-        == "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.9.0"
+        == "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0"
     )
-    assert (
-        env["VALIDATOR_IMAGE"]["value"]
-        == "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.10.0"
-    )
+    assert env["VALIDATOR_IMAGE"]["value"] == "nvcr.io/nvidia/gpu-operator:v26.7.0"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert {p["containerPort"] for p in container["ports"]} == {8080, 8081}

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from gpu_operator.api import check_document, crds
+from gpu_operator.upgrade import selectors
+from gpu_operator.upgrade.snapshot import owner_from
 
 from .conftest import CHART, NAMESPACE, Rendered, helm, needs_helm
 
@@ -267,6 +269,30 @@ def test_nvidiadriver_mode_renders_the_default_driver_without_images_in_the_poli
         nvd,
     )  # fmt: skip
     assert "nodeSelector" not in nvd
+
+
+def test_the_default_nvidiadriver_carries_the_charts_upgrade_policy_as_upstreams_does(
+    render: Any,
+) -> None:
+    """Upstream's template (26.x) writes driver.upgradePolicy into the default NVIDIADriver, with
+    `gpuPodDeletion` as `podDeletion`; that policy, not the ClusterPolicy's, then governs."""
+    rendered = render([], ["driver.nvidiaDriverCRD.enabled=true"])
+    nvd = rendered.one("NVIDIADriver", "default")
+    assert nvd["spec"]["upgradePolicy"] == {
+        "autoUpgrade": True,
+        "maxParallelUpgrades": 1,
+        "maxUnavailable": "25%",
+        "waitForCompletion": {"timeoutSeconds": 0},
+        "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+        "drain": {"enable": False, "force": False, "timeoutSeconds": 300,
+                  "deleteEmptyDir": False},
+    }  # fmt: skip
+    off = render([], ["driver.nvidiaDriverCRD.enabled=true",
+                      "driver.upgradePolicy.autoUpgrade=false",
+                      "driver.upgradePolicy.drain.podSelector=app=batch"])  # fmt: skip
+    policy = owner_from(off.one("NVIDIADriver", "default")).policy
+    assert policy.auto_upgrade is False
+    assert policy.drain_selector == selectors.parse("app=batch")
 
 
 def test_nvidiadriver_with_a_node_selector_is_not_the_default(render: Any) -> None:

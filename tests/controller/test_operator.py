@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import yaml
 from operator_harness import NAMESPACE, Env, gpu_node, policy
 from waiting import DEADLINE
 
 from gpu_operator.api import keys
 from gpu_operator.nodes import ledger
+
+ROOT = Path(__file__).resolve().parents[2]
+HELM = ROOT / ".tools" / "bin" / "helm"
+CHART = ROOT / "charts" / "gpu-operator"
 
 CORE_DAEMONSETS = {
     "nvidia-driver-daemonset",
@@ -247,6 +254,39 @@ async def test_leader_election_one_active_and_failover(env: Env) -> None:
         "clusterpolicies.nvidia.com", "cluster-policy", {"spec": {"gfd": {"enabled": False}}}
     )
     await env.wait(lambda: "gpu-feature-discovery" not in env.daemonsets(), "new leader acts")
+
+
+def chart_objects_in(namespace: str, *sets: str) -> list[dict[str, Any]]:
+    """The objects `helm template` renders into `namespace` with `sets` (empty without helm)."""
+    if not HELM.exists():
+        return []
+    args = [str(HELM), "template", "gpu-operator", str(CHART), "-n", NAMESPACE]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True)
+    return [
+        doc
+        for doc in yaml.safe_load_all(proc.stdout)
+        if doc and doc["metadata"].get("namespace") == namespace
+    ]
+
+
+async def test_leader_lease_lives_in_the_leader_elect_namespace(env: Env) -> None:
+    # --leader-elect-namespace (upstream's flag): the Lease goes there, under the Role the chart
+    # renders there for operator.leaderElection.namespace; the operands stay in the namespace.
+    rbac = chart_objects_in("kube-system", "operator.leaderElection.namespace=kube-system")
+    assert [o["kind"] for o in rbac] == ([] if not HELM.exists() else ["Role", "RoleBinding"])
+    for obj in rbac:
+        env.sim.store.create(obj)
+    env.sim.store.create(policy())
+    operator = env.start_operator(leader_elect=True, identity="a", leader_namespace="kube-system")
+    await env.wait(lambda: operator.elector is not None and operator.elector.is_leader.is_set(),
+                   "leader in kube-system")  # fmt: skip
+    lease = env.sim.store.get("leases", "53822513.nvidia.com", namespace="kube-system")
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "a"
+    assert env.sim.store.get("leases", "53822513.nvidia.com", namespace=NAMESPACE) is None
+    await env.wait(lambda: "gpu-feature-discovery" in env.daemonsets(), "the leader acts")
 
 
 async def test_restart_mid_reconcile_converges_without_duplicates(env: Env) -> None:

@@ -456,3 +456,87 @@ async def test_a_failed_canary_stops_the_rollout_and_is_rolled_back_then_retried
     labels = env.node_labels("gpu-1")
     assert labels[states.DRIVER_DEPLOY_LABEL] == "true"
     assert states.ROLLBACK_LABEL not in labels
+
+
+async def test_a_pod_only_change_restarts_driver_pods_in_place_without_evicting_workloads(
+    env: Env,
+) -> None:
+    """Upstream's restart-only route: the driver pod template changes (here its resources) but
+    not DRIVER_CONFIG_DIGEST, so each node is cordoned and its driver pod replaced while its GPU
+    workload keeps running; no node goes through pod deletion or drain."""
+    names = ["gpu-1", "gpu-2"]
+    env.sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
+    for name in names:
+        gpu_workload(env, f"train-{name}", name, "train")
+    body = policy()
+    body["spec"]["driver"]["upgradePolicy"] = UPGRADE_POLICY
+    env.sim.store.create(body)
+    env.start_operator()
+    plugin_label = keys.DEPLOY_PREFIX + "device-plugin"
+    await env.wait(
+        lambda: all(node(env, n)["metadata"]["labels"].get(plugin_label) == "true" for n in names),
+        "device plugins deployed",
+    )
+    for name in names:
+        env.sim.store.patch(
+            "nodes", name, {"status": {"capacity": {GPU: "1"}, "allocatable": {GPU: "1"}}},
+            status=True,
+        )  # fmt: skip
+    await env.wait_ready(timeout=WAIT)
+    await env.wait(lambda: all(gpu_pods_on(env, n) for n in names), "GPU workloads run")
+    await env.wait(
+        lambda: all(state(env, n) == states.UPGRADE_DONE for n in names), "settled", WAIT
+    )
+
+    def live_driver_pod(name: str) -> dict[str, Any] | None:
+        pods = env.sim.store.list(
+            "pods",
+            namespace=NAMESPACE,
+            label_selector="app=nvidia-driver-daemonset",
+            field_selector=f"spec.nodeName={name}",
+        )
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if len(live) == 1 else None  # none while the old one is replaced
+
+    def driver_pod(name: str) -> dict[str, Any]:
+        found = live_driver_pod(name)
+        assert found is not None, name
+        return found
+
+    def replaced(name: str) -> bool:
+        pod = live_driver_pod(name)
+        return pod is not None and pod["metadata"]["uid"] != before[name]["metadata"]["uid"]
+
+    def digest(pod: dict[str, Any]) -> str:
+        ctr = next(c for c in pod["spec"]["containers"] if c["name"] == "nvidia-driver-ctr")
+        return str(next(e["value"] for e in ctr["env"] if e["name"] == "DRIVER_CONFIG_DIGEST"))
+
+    before = {n: driver_pod(n) for n in names}
+    workloads = {n: {p["metadata"]["uid"] for p in gpu_pods_on(env, n)} for n in names}
+    history = History()
+    unsubscribe = env.sim.store.subscribe(history.record, keys=[("", "nodes")])
+    try:
+        env.sim.store.patch(
+            "clusterpolicies.nvidia.com",
+            "cluster-policy",
+            {"spec": {"driver": {"resources": {"limits": {"memory": "2Gi"}}}}},
+        )
+        await env.wait(
+            lambda: all(replaced(n) and state(env, n) == states.UPGRADE_DONE for n in names),
+            "driver pods replaced in place",
+            WAIT,
+        )
+    finally:
+        unsubscribe()
+    seen = {s for name, _, _, s in history.events if name in names}
+    assert states.POD_RESTART_REQUIRED in seen
+    assert not seen & {states.CORDON_REQUIRED, states.POD_DELETION_REQUIRED,
+                       states.DRAIN_REQUIRED}, history.events  # fmt: skip
+    for name in names:
+        after = driver_pod(name)
+        assert digest(after) == digest(before[name])
+        ctr = next(c for c in after["spec"]["containers"] if c["name"] == "nvidia-driver-ctr")
+        assert ctr["resources"]["limits"]["memory"] == "2Gi"
+        # The same GPU pods run: nothing was evicted; the cordon was ours and is undone.
+        assert {p["metadata"]["uid"] for p in gpu_pods_on(env, name)} == workloads[name]
+        assert not node(env, name)["spec"].get("unschedulable")

@@ -126,14 +126,15 @@ async def test_a_missing_cdi_spec_fails_toolkit_validation_and_the_policy_names_
         await demo.restart(TOOLKIT_APP)
         await demo.restart(VALIDATOR_APP)
 
-        # The validator's containers run under the NVIDIA runtime in CDI mode: the first one
-        # cannot start.
+        # The validator's containers run under the NVIDIA runtime in CDI mode: the first one that
+        # asks for every GPU (toolkit-validation; NVIDIA's distroless image declares
+        # NVIDIA_VISIBLE_DEVICES=void, so driver-validation asks for none) cannot start.
         shown = await demo.status_names(
             "state-operator-validation",
             NODE,
             "unresolvable CDI devices management.nvidia.com/gpu=all",
         )
-        assert f"{NODE}: init container driver-validation in CrashLoopBackOff" in shown
+        assert f"{NODE}: init container toolkit-validation in CrashLoopBackOff" in shown
         toolkit = await demo.status_names(
             "state-container-toolkit", NODE, "could not be generated", NVML_FAULT
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,14 @@ def nvidia_drop_in(version: int = 3, binary: str = NVIDIA_BINARY, **extra: str) 
 def with_imports(original: str, *imports: str) -> str:
     first, rest = original.split("\n", 1)
     return f"{first}\nimports = {json.dumps(list(imports))}\n{rest}"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder whose socket paths fit AF_UNIX's 108 bytes (pytest's tmp_path under xdist, with
+    a long test name and a three-digit run number, does not)."""
+    with tempfile.TemporaryDirectory(prefix="ctd-") as folder:
+        yield Path(folder)
 
 
 def booted(tmp_path: Path, runtime: str = "containerd", version: str = "2.0.5") -> Path:
@@ -298,8 +308,8 @@ def test_crio_refuses_an_unknown_handler_with_its_runtime_list(tmp_path: Path) -
 # ----- the runtime process: start, restart, signals -----------------------------------------------
 
 
-def test_sighup_restarts_containerd_with_the_handlers_now_configured(tmp_path: Path) -> None:
-    root = booted(tmp_path)
+def test_sighup_restarts_containerd_with_the_handlers_now_configured(short_tmp: Path) -> None:
+    root = booted(short_tmp)
     runtime = containerd.SimulatedContainerd("node", root)
     assert runtime.start()
     assert runtime.handlers() == {"runc": ""}

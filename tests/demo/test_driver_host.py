@@ -23,8 +23,10 @@ from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator.agents.pci import simulated
+from gpu_operator.api import upstream_release
 from gpu_operator.demo import fleet, programs, session
 from gpu_operator.nodes.coexist import CoexistPolicy
+from gpu_operator.nvml import driver_branches
 
 pytestmark = needs_kubectl
 
@@ -32,6 +34,8 @@ NS = session.NAMESPACE
 DRIVER_APP = "nvidia-driver-daemonset"
 DRIVER_CTR = "nvidia-driver-ctr"
 CUDA = "nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04"
+# The driver the chart installs by default (NVIDIA's release we follow).
+DEFAULT_DRIVER = upstream_release.current().images["driver"].version
 
 
 @dataclass
@@ -164,10 +168,10 @@ async def test_the_driver_container_installs_like_nvidias_and_nvml_then_answers(
         name = pod["metadata"]["name"]
         log = await demo.ok("-n", NS, "logs", name, "-c", DRIVER_CTR)
         steps = [
-            "Uncompressing NVIDIA Accelerated Graphics Driver for Linux-x86_64 580.95.05",
+            f"Uncompressing NVIDIA Accelerated Graphics Driver for Linux-x86_64 {DEFAULT_DRIVER}",
             "========== NVIDIA Software Installer ==========",
-            "Starting installation of NVIDIA driver version 580.95.05 for Linux kernel version "
-            "6.8.0-52-generic",
+            f"Starting installation of NVIDIA driver version {DEFAULT_DRIVER} for Linux kernel "
+            "version 6.8.0-52-generic",
             "Unloading NVIDIA driver kernel modules...",
             "Compiling NVIDIA driver kernel modules...",
             "Loading NVIDIA driver kernel modules...",
@@ -182,12 +186,13 @@ async def test_the_driver_container_installs_like_nvidias_and_nvml_then_answers(
         assert at == sorted(at), log
 
         root = demo.root("t4-1")
-        assert simulated.nvidia_version(root) == "580.95.05"
+        assert simulated.nvidia_version(root) == DEFAULT_DRIVER
         for module in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
             assert (root / "sys" / "module" / module / "refcnt").exists(), module
         assert (root / "sys" / "module" / "nvidia" / "refcnt").read_text() == "2\n"
         assert (root / "run/nvidia/driver/usr/bin/nvidia-smi").is_file()
-        assert (root / "run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05").is_file()
+        libcuda = f"run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.{DEFAULT_DRIVER}"
+        assert (root / libcuda).is_file()
         assert (root / "run/nvidia/validations/.driver-ctr-ready").exists()
         assert (root / "run/nvidia/nvidia-driver.pid").read_text().strip().isdigit()
         digest = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
@@ -197,8 +202,9 @@ async def test_the_driver_container_installs_like_nvidias_and_nvml_then_answers(
 
         # NVML follows the loaded driver: version from the image, CUDA from the branch.
         table = await demo.ok("-n", NS, "exec", name, "-c", DRIVER_CTR, "--", "nvidia-smi")
-        assert "Driver Version: 580.95.05" in table, table
-        assert "CUDA Version: 13.0" in table, table
+        assert f"Driver Version: {DEFAULT_DRIVER}" in table, table
+        cuda = driver_branches.cuda_driver_version(DEFAULT_DRIVER)
+        assert f"CUDA Version: {cuda // 1000}.{cuda % 1000 // 10}" in table, table
 
         # Take the driver away from the node (a human's label): the pod goes, and the driver
         # unloads (nothing runs on the GPUs) with its root and readiness marker.

@@ -173,9 +173,9 @@ async def test_the_seed_journey_runs_nvidia_smi_on_one_gpu_and_exec_sees_only_it
         _, table = await demo.kubectl("logs", "nvidia-smi")
         assert [m.group(1) for m in GPU_ROW.finditer(table)] == ["0"], table
         assert "NVIDIA A100-SXM4-40GB" in table
-        # The driver the driver DaemonSet's image loaded (the chart's default, 580.95.05).
-        assert "Driver Version: 580.95.05" in table
-        assert "CUDA Version: 13.0" in table
+        # The driver the driver DaemonSet's image loaded (the chart's default, 595.91.07).
+        assert "Driver Version: 595.91.07" in table
+        assert "CUDA Version: 13.2" in table  # what the 595 branch reports
         assert "40960MiB" in table
         assert "No running processes found" in table
         _, listing = await demo.kubectl("get", "pod", "nvidia-smi")

@@ -126,7 +126,7 @@ async def test_each_validation_init_container_tells_its_check_and_writes_its_mar
         # The operands waited on the markers, in their own init containers' words.
         plugin_pod = demo.pod_name("nvidia-device-plugin-daemonset")
         waited = await demo.kubectl("-n", NS, "logs", plugin_pod, "-c", "toolkit-validation")
-        assert waited.endswith("nvidia container toolkit is ready\n")
+        assert waited.endswith("nvidia container stack is ready\n")
 
 
 async def test_a_failing_cuda_workload_fails_cuda_validation_and_the_policy_names_it(

@@ -138,17 +138,18 @@ async def test_a_removed_volume_mount_is_restored(env: Env) -> None:
 
 
 @needs_kubectl
-async def test_privileged_added_where_we_set_none_is_removed(env: Env) -> None:
+async def test_a_security_field_added_where_we_set_none_is_removed(env: Env) -> None:
     await start(env)
     rendered = pod_spec(env)["initContainers"][0]["securityContext"]
-    assert "privileged" not in rendered
-    path = "/spec/template/spec/initContainers/0/securityContext/privileged"
+    assert "allowPrivilegeEscalation" not in rendered
+    path = "/spec/template/spec/initContainers/0/securityContext/allowPrivilegeEscalation"
     name = pod_spec(env)["initContainers"][0]["name"]
     await edit_and_expect_restore(
         env,
         patch_json({"op": "add", "path": path, "value": True}),
         lambda: pod_spec(env)["initContainers"][0]["securityContext"] == rendered,
-        f"initContainers[name={name}].securityContext.privileged was added (true), removed",
+        f"initContainers[name={name}].securityContext.allowPrivilegeEscalation was added (true), "
+        "removed",
     )  # fmt: skip
 
 

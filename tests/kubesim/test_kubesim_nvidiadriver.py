@@ -128,7 +128,7 @@ async def test_kubectl_apply_per_pool_example_shows_printer_columns_and_pools(
     )
     assert images == [
         "nvcr.io/nvidia/driver:570.195.03-ubuntu22.04",
-        "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04",
+        "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04",
     ]
     message = await kubectl(
         cluster, "get", "nvidiadriver", "default",

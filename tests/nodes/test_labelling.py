@@ -64,6 +64,11 @@ def test_mig_capable_node_gets_mig_manager_and_default_config() -> None:
     assert labels[keys.MIG_CONFIG] == "all-disabled"
 
 
+def test_an_empty_mig_config_gets_the_default_as_upstream() -> None:
+    labels, _ = apply({**GPU, keys.MIG_CAPABLE: "true", keys.MIG_CONFIG: ""}, {}, policy())
+    assert labels[keys.MIG_CONFIG] == "all-disabled"
+
+
 def test_existing_mig_config_is_kept() -> None:
     labels, _ = apply(
         {**GPU, keys.MIG_CAPABLE: "true", keys.MIG_CONFIG: "all-1g.10gb"}, {}, policy()

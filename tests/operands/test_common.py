@@ -250,9 +250,9 @@ def test_mig_env(
 
 def test_validation_inits_get_the_validator_image_and_settings() -> None:
     validator = {
-        "repository": "nvcr.io/nvidia/cloud-native",
-        "image": "gpu-operator-validator",
-        "version": "v25.10.1",
+        "repository": "nvcr.io/nvidia",
+        "image": "gpu-operator",
+        "version": "v26.7.0",
         "imagePullPolicy": "Always",
         "imagePullSecrets": ["regcred", "regcred"],
         "resources": {"limits": {"cpu": "100m"}},
@@ -262,7 +262,7 @@ def test_validation_inits_get_the_validator_image_and_settings() -> None:
         device_plugin, validator=validator, devicePlugin={"imagePullSecrets": ["regcred", "other"]}
     )
     init = ctr(ds, "toolkit-validation")
-    assert init["image"] == "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.10.1"
+    assert init["image"] == "nvcr.io/nvidia/gpu-operator:v26.7.0"
     assert init["imagePullPolicy"] == "Always"
     assert init["securityContext"]["runAsUser"] == 0
     assert init["resources"] == {"limits": {"cpu": "100m"}}

@@ -32,9 +32,9 @@ def render(runtime: str = "containerd", **sections: Any) -> dict[str, Any]:
                 "CONTAINERD_SOCKET": "/runtime/sock-dir/containerd.sock",
             },
             {
-                "runtime-config": "/etc/containerd",
-                "runtime-drop-in-config": "/etc/containerd/conf.d",
-                "runtime-socket": "/run/containerd",
+                "containerd-config": "/etc/containerd",
+                "containerd-drop-in-config": "/etc/containerd/conf.d",
+                "containerd-socket": "/run/containerd",
             },
         ),
         (
@@ -48,8 +48,8 @@ def render(runtime: str = "containerd", **sections: Any) -> dict[str, Any]:
                 "RUNTIME_DROP_IN_CONFIG_HOST_PATH": "/etc/crio/crio.conf.d/99-nvidia.conf",
             },
             {
-                "runtime-config": "/etc/crio",
-                "runtime-drop-in-config": "/etc/crio/crio.conf.d",
+                "crio-config": "/etc/crio",
+                "crio-drop-in-config": "/etc/crio/crio.conf.d",
                 "crio-hooks": "/usr/share/containers/oci/hooks.d",
             },
         ),
@@ -62,7 +62,7 @@ def render(runtime: str = "containerd", **sections: Any) -> dict[str, Any]:
                 "RUNTIME_SOCKET": "/runtime/sock-dir/docker.sock",
                 "DOCKER_SOCKET": "/runtime/sock-dir/docker.sock",
             },
-            {"runtime-config": "/etc/docker", "runtime-socket": "/var/run"},
+            {"docker-config": "/etc/docker", "docker-socket": "/var/run"},
         ),
     ],
 )
@@ -74,7 +74,8 @@ def test_runtime_wiring(
     assert {k: env.get(k) for k in expected_env} == expected_env
     volumes = volumes_of(ds)
     assert {k: volumes[k]["hostPath"]["path"] for k in expected_host_dirs} == expected_host_dirs
-    for absent in ("runtime-socket", "runtime-drop-in-config"):
+    # Volumes are named after the runtime, as upstream names them.
+    for absent in (f"{runtime}-socket", f"{runtime}-drop-in-config"):
         if absent not in expected_host_dirs:
             assert absent not in volumes
     if runtime != "crio":
@@ -111,7 +112,9 @@ def test_nri_mounts_only_the_nri_socket() -> None:
     assert env["ENABLE_NRI_PLUGIN"] == "true"
     assert env["NRI_SOCKET"] == "/runtime/nri-sock-dir/nri.sock"
     assert volumes_of(ds)["nri-socket"]["hostPath"]["path"] == "/var/run/nri"
-    assert not {"runtime-config", "runtime-socket", "runtime-drop-in-config"} & set(volumes_of(ds))
+    assert not {"containerd-config", "containerd-socket", "containerd-drop-in-config"} & set(
+        volumes_of(ds)
+    )
     assert "RUNTIME_CONFIG" not in env
 
 
@@ -128,10 +131,10 @@ def test_user_config_paths_are_mounted_from_the_host() -> None:
     env = env_of(ctr(ds, CTR))
     assert env["CONTAINERD_CONFIG"] == "/runtime/config-dir/config.toml"
     assert (
-        volumes_of(ds)["runtime-config"]["hostPath"]["path"]
+        volumes_of(ds)["containerd-config"]["hostPath"]["path"]
         == "/var/lib/rancher/k3s/agent/etc/containerd"
     )
-    assert volumes_of(ds)["runtime-socket"]["hostPath"]["path"] == "/run/k3s/containerd"
+    assert volumes_of(ds)["containerd-socket"]["hostPath"]["path"] == "/run/k3s/containerd"
     assert env["RUNTIME_CONFIG_SOURCE"] == "command,file=/host/etc/containerd/config.toml"
 
 
@@ -151,3 +154,18 @@ def test_waits_for_the_driver_and_has_its_entrypoint() -> None:
     entrypoint = next(o for o in objects if o["kind"] == "ConfigMap")
     assert entrypoint["metadata"]["name"] == "nvidia-container-toolkit-entrypoint"
     assert "driver-ready" in entrypoint["data"]["entrypoint.sh"]
+
+
+def test_nri_management_namespaces_pass_through_and_nothing_runtime_specific_is_set() -> None:
+    user_env = [{"name": "NRI_MANAGEMENT_CDI_DEVICE_NAMESPACES", "value": "monitoring,diag"}]
+    ds = render(cdi={"nriPluginEnabled": True}, toolkit={"env": user_env})
+    main = ctr(ds, CTR)
+    env = env_of(main)
+    assert env["NRI_MANAGEMENT_CDI_DEVICE_NAMESPACES"] == "monitoring,diag"
+    assert "CONTAINERD_RUNTIME_CLASS" not in env
+    assert "RUNTIME_DROP_IN_CONFIG" not in env
+    # The operator's own namespace is always allowed: the plugin reads it from NRI_NAMESPACE.
+    [nri_namespace] = [e for e in main["env"] if e["name"] == "NRI_NAMESPACE"]
+    assert nri_namespace["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # Without NRI the operator adds no namespace list of its own.
+    assert "NRI_MANAGEMENT_CDI_DEVICE_NAMESPACES" not in env_of(ctr(render(), CTR))

@@ -258,3 +258,20 @@ def test_dcgm_service_is_node_local() -> None:
         find(objects, "DaemonSet", "nvidia-dcgm")["spec"]["template"]["spec"]["runtimeClassName"]
         == "nvidia"
     )
+
+
+@pytest.mark.parametrize(("value", "mounted"), [("gpu-operator:metrics", True), ("none", False)])
+def test_a_counters_config_map_read_through_the_api_mounts_the_token_only(
+    value: str, mounted: bool
+) -> None:
+    env = [{"name": "DCGM_EXPORTER_CONFIGMAP_DATA", "value": value}]
+    objects = render(dcgmExporter={"env": env})
+    assert pod(find(objects, "DaemonSet"))["automountServiceAccountToken"] is mounted
+    # Its Role reads ConfigMaps in the namespace already; pods cluster-wide stay unreadable.
+    assert "ClusterRole" not in [k for k, _ in kinds(objects)]
+
+
+def test_exporter_annotations_go_on_the_pods_only() -> None:
+    ds = find(render(dcgmExporter={"annotations": {"example.com/scrape": "yes"}}), "DaemonSet")
+    assert ds["spec"]["template"]["metadata"]["annotations"]["example.com/scrape"] == "yes"
+    assert "example.com/scrape" not in ds["metadata"].get("annotations", {})

@@ -116,5 +116,5 @@ def test_kubelet_root_dir_moves_the_device_plugin_socket_dir() -> None:
 def test_gfd_rbac_allows_node_features() -> None:
     objects = gpu_feature_discovery.render(make_policy(), make_facts())
     role = next(o for o in objects if o["kind"] == "Role")
-    assert role["rules"][0]["apiGroups"] == ["nfd.k8s-sigs.io"]
-    assert "create" in role["rules"][0]["verbs"]
+    nfd = next(r for r in role["rules"] if r["apiGroups"] == ["nfd.k8s-sigs.io"])
+    assert "create" in nfd["verbs"]

@@ -238,12 +238,14 @@ def test_a_missing_config_map_is_a_clear_error() -> None:
 def test_config_digest_is_on_manager_and_driver_and_tracks_install_fields() -> None:
     ds = the_ds()
     digest = env_of(ctr(ds, "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"]
+    assert digest is not None
+    assert digest.isdigit()  # upstream's decimal FNV-1a
     assert env_of(ctr(ds, "k8s-driver-manager"))["DRIVER_CONFIG_DIGEST"] == digest
     assert env_of(ctr(the_ds(), "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"] == digest
     unchanged = the_ds(
         resources={"limits": {"memory": "1Gi"}},
         startupProbe={"periodSeconds": 5},
-        manager={"repository": "r", "image": "m", "version": "v2"},
+        livenessProbe={"periodSeconds": 5},
     )
     assert env_of(ctr(unchanged, "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"] == digest
     for changed in (
@@ -251,6 +253,9 @@ def test_config_digest_is_on_manager_and_driver_and_tracks_install_fields() -> N
         the_ds(kernelModuleType="open"),
         the_ds(env=[{"name": "X", "value": "1"}]),
         the_ds(rdma={"enabled": True}),
+        # As upstream: the driver manager's image and env are part of the install state.
+        the_ds(manager={"repository": "r", "image": "m", "version": "v2"}),
+        the_ds(manager={"env": [{"name": "ENABLE_AUTO_DRAIN", "value": "true"}]}),
     ):
         assert env_of(ctr(changed, "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"] != digest
 
@@ -258,3 +263,11 @@ def test_config_digest_is_on_manager_and_driver_and_tracks_install_fields() -> N
 def test_crd_mode_disables_the_state() -> None:
     assert driver.enabled(make_policy(driver={"useNvidiaDriverCRD": True}), make_facts()) is False
     assert driver.enabled(make_policy(), make_facts()) is True
+
+
+def test_secret_env_reaches_the_gds_and_gdrcopy_sidecars_too() -> None:
+    ds = the_ds(secretEnv="driver-secrets", gds={"enabled": True}, gdrcopy={"enabled": True})
+    expected = [{"secretRef": {"name": "driver-secrets"}}]
+    for name in ("nvidia-driver-ctr", "nvidia-fs-ctr", "nvidia-gdrcopy-ctr"):
+        assert ctr(ds, name)["envFrom"] == expected, name
+    assert "envFrom" not in ctr(the_ds(gds={"enabled": True}), "nvidia-fs-ctr")

@@ -5,6 +5,7 @@ manager applying the new GPUs' configs on mock machines."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +41,7 @@ all-1g.35gb.me all-1g.70gb all-2g.70gb all-3g.139gb all-4g.139gb all-7g.278gb
 UPSTREAM_NAMES = _NAMES.split()
 
 MIG_MODELS = catalog.mig_capable_models()
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "upstream-objects-26.7"
 
 
 def rendered() -> dict[str, Any]:
@@ -69,7 +71,8 @@ def test_each_config_spec_equals_the_recorded_facts(config: mig_configs.Config) 
     specs = rendered()["mig-configs"][config.name]
     assert len(specs) == len(config.entries)
     for spec, fact in zip(specs, config.entries, strict=True):
-        assert spec.get("device-filter", []) == list(fact.device_filter)
+        filters = spec.get("device-filter", [])
+        assert ([filters] if isinstance(filters, str) else filters) == list(fact.device_filter)
         assert spec["devices"] == "all"
         assert spec["mig-enabled"] is (fact.devices is not None)
         assert spec.get("mig-devices") == (None if fact.devices is None else dict(fact.devices))
@@ -101,7 +104,13 @@ def test_specs_of_upstreams_file_spot_checked() -> None:
             "mig-devices": {"1g.10gb": 4},
         },
     ]  # fmt: skip
-    balanced = {tuple(s["device-filter"]): s["mig-devices"] for s in configs["all-balanced"]}
+    # As upstream writes it: A30's filter alone is a plain string.
+    assert configs["all-balanced"][8]["device-filter"] == "0x20B710DE"
+    balanced = {
+        tuple(f if isinstance(f, list) else [f]): s["mig-devices"]
+        for s in configs["all-balanced"]
+        for f in [s["device-filter"]]
+    }
     assert balanced[("0x20B710DE",)] == {"1g.6gb": 2, "2g.12gb": 1}
     assert balanced[("0x2BB510DE",)] == {"1g.24gb": 2, "2g.48gb": 1}
     assert balanced[("0x294110DE",)] == {"1g.23gb": 2, "2g.47gb": 1, "3g.93gb": 1}
@@ -111,6 +120,23 @@ def test_specs_of_upstreams_file_spot_checked() -> None:
         "3g.48gb": 1,
     }
     assert len(balanced) == 12
+
+
+def test_the_config_map_equals_the_one_nvidias_operator_26_7_writes() -> None:
+    """Config for config, in the same order, with the same entries and filters (H200's
+    `all-1g.35gb` entry names the 141GB part only; B300 and GB300 close `all-balanced`)."""
+    path = REFERENCE / "configmaps.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is not here")
+    theirs = next(
+        d for d in yaml.safe_load_all(path.read_text())
+        if d and d["metadata"]["name"] == "default-mig-parted-config"
+    )  # fmt: skip
+    upstream = yaml.safe_load(theirs["data"]["config.yaml"])
+    ours = rendered()
+    assert list(ours["mig-configs"]) == list(upstream["mig-configs"])
+    assert ours == upstream
+    assert list(theirs["data"]) == ["config.yaml"]
 
 
 # -- the GPUs each config is for --------------------------------------------------------------

@@ -38,7 +38,8 @@ def test_default_config_is_valid_mig_parted_yaml() -> None:
             assert spec["devices"] == "all", name
             if spec["mig-enabled"]:
                 assert isinstance(spec["mig-devices"], dict), name
-            for device_id in spec.get("device-filter", []):
+            filters = spec.get("device-filter", [])
+            for device_id in [filters] if isinstance(filters, str) else filters:
                 assert isinstance(device_id, str)
                 assert device_id.startswith("0x")
 

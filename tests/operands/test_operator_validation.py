@@ -9,12 +9,12 @@ from operand_helpers import ctr, env_of, make_facts, make_policy, names, render_
 from gpu_operator.operands import operator_validation
 
 VALIDATOR = {
-    "repository": "nvcr.io/nvidia/cloud-native",
-    "image": "gpu-operator-validator",
-    "version": "v25.10.1",
+    "repository": "nvcr.io/nvidia",
+    "image": "gpu-operator",
+    "version": "v26.7.0",
     "imagePullSecrets": ["regcred"],
 }
-IMAGE = "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.10.1"
+IMAGE = "nvcr.io/nvidia/gpu-operator:v26.7.0"
 
 
 def render(**sections: Any) -> dict[str, Any]:

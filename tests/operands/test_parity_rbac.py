@@ -1,15 +1,19 @@
-"""Operand RBAC at parity with upstream (assets/state-*/0200_role.yaml, 0210_clusterrole.yaml).
+"""Operand RBAC at parity with upstream 26.7 (assets/state-*/0200_role.yaml, 0210_clusterrole.yaml;
+the objects its operator writes are compared whole in test_parity_26_7.py).
 
 Upstream facts pinned here:
 - MPS control daemon: ServiceAccount, Role, ClusterRole and both bindings are all named
   `nvidia-device-plugin-mps-control-daemon`; ClusterRole: nodes get/list/watch; Role: use of
-  OpenShift's `privileged` SCC.
-- MIG manager: ClusterRole nodes get/list/watch/update/patch and pods `list` only.
-- Validator: the ClusterPolicy finalizers (Role and ClusterRole), and the `privileged` SCC.
-- Namespaced Roles upstream creates where we had none: `nvidia-dcgm-exporter` (configmaps and pods
-  get/list), `nvidia-dcgm` (SCC only), `nvidia-node-status-exporter` (pods and nodes get/list).
-- Driver: nodes get/list/watch/update/patch, pods get/list/watch/delete, pods/eviction create,
-  daemonsets get/list/watch (cluster-wide), and the `privileged` SCC in its Role.
+  OpenShift's `privileged` SCC. Its pods run as the device plugin's account.
+- MIG manager: ClusterRole nodes get/list/watch/update/patch and pods `list` only; Role: pods
+  get/list/watch/delete and configmaps create/get/list/update/patch.
+- Validator: the ClusterPolicy and NVIDIADriver finalizers (ClusterRole), and the `privileged` SCC.
+- Namespaced Roles upstream creates where we had none: `nvidia-dcgm-exporter` (configmaps
+  get/list; pods only through its read-pods ClusterRole), `nvidia-dcgm` (SCC only),
+  `nvidia-node-status-exporter` (pods and nodes get/list).
+- Driver: OpenShift clusterversions get/list, nodes get/list/watch/update/patch, pods
+  get/list/watch, pods/eviction create, resourceclaims get/list, daemonsets get (cluster-wide),
+  and the `privileged` SCC in its Role.
 Deliberate differences (docs/operands.md): SCC `use` is limited to `privileged` everywhere;
 finalizers get `update` only (upstream: every verb; the API server checks only update).
 """
@@ -59,9 +63,9 @@ def test_mps_control_daemon_objects_use_upstreams_name() -> None:
     binding = find(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == name
     assert binding["subjects"][0]["name"] == name
-    assert SCC_PRIVILEGED in find(objects, "Role")["rules"]
+    assert find(objects, "Role")["rules"] == [SCC_PRIVILEGED]
     ds = find(objects, "DaemonSet")
-    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == name
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "nvidia-device-plugin"
 
 
 def test_mig_manager_lists_pods_cluster_wide_and_nothing_more() -> None:
@@ -70,17 +74,19 @@ def test_mig_manager_lists_pods_cluster_wide_and_nothing_more() -> None:
         rule([""], ["nodes"], ["get", "list", "watch", "update", "patch"]),
         rule([""], ["pods"], ["list"]),
     ]
-    # What our manager needs beyond upstream stays in its namespace: its own pod, deleting the
-    # validator pods after a MIG change, publishing `<node>-mig-config`, Events.
+    # In its namespace: its own pod, deleting the validator pods after a MIG change, publishing
+    # `<node>-mig-config` (ours also watches and deletes it, and records Events).
     role = find(objects, "Role")["rules"]
-    assert role[:2] == [SCC_PRIVILEGED, rule([""], ["pods"], ["get", "delete"])]
+    assert role[:2] == [SCC_PRIVILEGED, rule([""], ["pods"], ["get", "list", "watch", "delete"])]
 
 
 def test_validator_holds_the_cluster_policy_finalizers() -> None:
     objects = render(operator_validation)
-    finalizers = rule(["nvidia.com"], ["clusterpolicies/finalizers"], ["update"])
+    finalizers = rule(
+        ["nvidia.com"], ["clusterpolicies/finalizers", "nvidiadrivers/finalizers"], ["update"]
+    )
     assert finalizers in find(objects, "ClusterRole")["rules"]
-    assert finalizers in find(objects, "Role")["rules"]
+    assert finalizers not in find(objects, "Role")["rules"]
     assert SCC_PRIVILEGED in find(objects, "Role")["rules"]
 
 
@@ -90,7 +96,7 @@ def test_validator_holds_the_cluster_policy_finalizers() -> None:
         (
             dcgm_exporter,
             "nvidia-dcgm-exporter",
-            [SCC_PRIVILEGED, rule([""], ["configmaps", "pods"], ["get", "list"])],
+            [SCC_PRIVILEGED, rule([""], ["configmaps"], ["get", "list"])],
         ),
         (dcgm, "nvidia-dcgm", [SCC_PRIVILEGED]),
         (
@@ -120,10 +126,12 @@ def test_namespaced_roles_upstream_creates(module: Any, name: str, rules: list[A
 def test_driver_rules() -> None:
     objects = render(driver)
     assert find(objects, "ClusterRole")["rules"] == [
-        rule([""], ["nodes"], ["get", "list", "watch", "update", "patch"]),
-        rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+        rule(["config.openshift.io"], ["clusterversions"], ["get", "list"]),
+        rule([""], ["nodes"], ["get", "list", "patch", "update", "watch"]),
+        rule([""], ["pods"], ["get", "list", "watch"]),
         rule([""], ["pods/eviction"], ["create"]),
-        rule(["apps"], ["daemonsets"], ["get", "list", "watch"]),
+        rule(["resource.k8s.io"], ["resourceclaims"], ["get", "list"]),
+        rule(["apps"], ["daemonsets"], ["get"]),
     ]
     role_rules = find(objects, "Role")["rules"]
     assert role_rules[0] == SCC_PRIVILEGED

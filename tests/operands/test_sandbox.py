@@ -17,6 +17,7 @@ from gpu_operator.operands import (
     vgpu_device_manager,
     vgpu_manager,
 )
+from gpu_operator.operands.common import RenderError
 
 SANDBOX = {"enabled": True, "defaultWorkload": "vm-passthrough"}
 
@@ -110,3 +111,15 @@ def test_cc_manager_default_mode() -> None:
 
 def test_kata_manager_renders_nothing() -> None:
     assert kata_manager.render(policy(kataManager={"enabled": True}), make_facts()) == []
+
+
+def test_vgpu_manager_kernel_module_config_is_mounted_key_by_key() -> None:
+    facts = make_facts(config_map_keys={"kmod": ("nvidia.conf",)})
+    section = {"kernelModuleConfig": {"name": "kmod"}}
+    ds = find(vgpu_manager.render(policy(vgpuManager=section), facts), "DaemonSet")
+    main = pod(ds)["containers"][0]
+    [item] = [m for m in main["volumeMounts"] if m["mountPath"] == "/drivers/nvidia.conf"]
+    assert item["subPath"] == "nvidia.conf"
+    assert volumes_of(ds)[item["name"]]["configMap"]["name"] == "kmod"
+    with pytest.raises(RenderError, match=r"vgpuManager.kernelModuleConfig.name: ConfigMap 'kmod'"):
+        vgpu_manager.render(policy(vgpuManager=section), make_facts())

@@ -214,6 +214,92 @@ def test_a_config_only_change_cordons_and_restarts_the_pod_without_evictions() -
     assert not of_type(plan, actions.EvictPod)
 
 
+@pytest.mark.parametrize(
+    ("why", "pool_digest", "pod_digest", "annotations"),
+    [
+        ("the digests differ", "d2", "d1", {}),
+        ("the running pod has none", "d1", None, {}),
+        ("the DaemonSet has none", None, "d1", {}),
+        ("someone asked for the upgrade", "d1", "d1", {states.REQUESTED: "true"}),
+        ("the driver waits for a safe load", "d1", "d1", {states.SAFE_LOAD: "true"}),
+    ],
+)
+def test_without_two_equal_digests_the_node_takes_the_full_flow(
+    why: str, pool_digest: str | None, pod_digest: str | None, annotations: dict[str, str]
+) -> None:
+    fleet = Fleet(daemonsets=[pool(digest=pool_digest)])
+    fleet.add(
+        node("gpu-01", states.UPGRADE_REQUIRED, annotations=annotations),
+        driver_pod("gpu-01", digest=pod_digest),
+        gpu_pod("gpu-01", "train"),
+    )
+    assert state_after(fleet.plan(), "gpu-01") == states.CORDON_REQUIRED, why
+
+
+def test_an_orphaned_driver_pod_with_an_equal_digest_still_takes_the_full_flow() -> None:
+    fleet = Fleet(daemonsets=[pool(digest="d1")])
+    orphan = dataclasses.replace(
+        driver_pod("gpu-01", digest="d1"), controller_kind=None, controller_uid=None
+    )
+    fleet.add(node("gpu-01", states.UPGRADE_REQUIRED), orphan, gpu_pod("gpu-01", "train"))
+    assert state_after(fleet.plan(), "gpu-01") == states.CORDON_REQUIRED
+
+
+def test_a_restart_in_place_uses_an_upgrade_slot_like_a_full_upgrade() -> None:
+    fleet = Fleet(daemonsets=[pool(digest="d1")], owner=owner(maxParallelUpgrades=1))
+    for name in ("gpu-01", "gpu-02"):
+        fleet.add(node(name, states.UPGRADE_REQUIRED), driver_pod(name, digest="d1"))
+    plan = fleet.plan()
+    moved = [n for n in ("gpu-01", "gpu-02") if state_after(plan, n) == states.POD_RESTART_REQUIRED]
+    assert len(moved) == 1
+
+
+def apply_patches(fleet: Fleet, plan: actions.Plan) -> None:
+    """What the executor does with the plan's node patches (enough for a walk through states)."""
+    for patch in of_type(plan, actions.PatchNode):
+        current = fleet.nodes[patch.node]
+        labels = {**current.labels, **patch.labels}
+        annotations = {**current.annotations, **patch.annotations}
+        fleet.set_node(
+            patch.node,
+            labels={k: v for k, v in labels.items() if v is not None},
+            annotations={k: v for k, v in annotations.items() if v is not None},
+            unschedulable=(
+                current.unschedulable if patch.unschedulable is None else patch.unschedulable
+            ),
+        )
+
+
+def test_a_pod_only_change_restarts_the_driver_in_place_and_never_evicts_gpu_pods() -> None:
+    """Upstream's restart-only route (26.x): cordon, replace the driver pod while workloads keep
+    running, validate, uncordon."""
+    fleet = Fleet(daemonsets=[pool(digest="d1")])
+    train = gpu_pod("gpu-01", "train")
+    fleet.add(node("gpu-01"), driver_pod("gpu-01", OLD, digest="d1"), train)
+    seen: list[str] = []
+    for _ in range(8):
+        plan = fleet.plan()
+        assert not of_type(plan, actions.EvictPod)
+        for deleted in of_type(plan, actions.DeletePod):
+            assert deleted.name == "driver-gpu-01"
+            # The DaemonSet replaces it with a pod of the new revision, same digest.
+            fleet.pods = [driver_pod("gpu-01", NEW, digest="d1"), train]
+        apply_patches(fleet, plan)
+        state = fleet.nodes["gpu-01"].labels.get(states.STATE_LABEL, "")
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state == states.UPGRADE_DONE:
+            break
+    assert seen == [
+        states.UPGRADE_REQUIRED,
+        states.POD_RESTART_REQUIRED,
+        states.UNCORDON_REQUIRED,
+        states.UPGRADE_DONE,
+    ]
+    assert fleet.nodes["gpu-01"].unschedulable is False
+    assert train in fleet.pods
+
+
 def test_an_upgrade_required_node_that_is_already_current_is_done() -> None:
     fleet = Fleet()
     fleet.add(node("gpu-01", states.UPGRADE_REQUIRED), driver_pod("gpu-01", NEW))

@@ -36,9 +36,22 @@ app.kubernetes.io/component: gpu-operator
 {{- end -}}
 {{- end -}}
 
+{{/*
+The operator image. A values file written for NVIDIA's chart names NVIDIA's operator image
+(nvcr.io/nvidia/gpu-operator, its own program, tagged with its own releases): this chart runs its
+own operator instead, and NOTES.txt says so.
+*/}}
+{{- define "gpu-operator.namesNvidiaOperator" -}}
+{{- if and (eq (toString .Values.operator.repository) "nvcr.io/nvidia") (eq (toString .Values.operator.image) "gpu-operator") }}true{{ end -}}
+{{- end -}}
+
 {{- define "gpu-operator.operatorImage" -}}
 {{- $op := .Values.operator -}}
+{{- if include "gpu-operator.namesNvidiaOperator" . -}}
+{{- include "gpu-operator.image" (dict "repository" "ghcr.io/gpu-operator-py" "image" "gpu-operator" "version" .Chart.AppVersion) -}}
+{{- else -}}
 {{- include "gpu-operator.image" (dict "repository" $op.repository "image" $op.image "version" ($op.version | default .Chart.AppVersion)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -50,6 +63,9 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 {{- range .drop }}{{ $_ := unset $section . }}{{ end -}}
 {{- range $key, $value := deepCopy $section -}}
 {{- if and (kindIs "string" $value) (eq $value "") }}{{ $_ := unset $section $key }}{{ end -}}
+{{- /* Switches that are off and empty pod extras are left out, as NVIDIA's chart leaves them. */ -}}
+{{- if and (has $key (list "hostNetwork" "hostPID" "enablePodLabels" "enablePodUID")) (kindIs "bool" $value) (not $value) }}{{ $_ := unset $section $key }}{{ end -}}
+{{- if and (has $key (list "annotations" "podLabelAllowlistRegex" "config")) (empty $value) }}{{ $_ := unset $section $key }}{{ end -}}
 {{- end -}}
 {{- /* An image name alone is a full reference only with a tag or digest; otherwise leave the
        image to the operator's *_IMAGE fallback (e.g. vgpuManager with no registry set). */ -}}
@@ -134,3 +150,43 @@ legacy ones (CDI is on by default and may be turned on later in the ClusterPolic
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The values keys of this release that the chart does not know, one dotted path per line: neither
+a key of values.yaml (a superset of NVIDIA's chart's keys) nor a field of the ClusterPolicy section
+a values section is passed to. files/known-values.yaml is that tree (true: anything below).
+*/}}
+{{- define "gpu-operator.unknownValues" -}}
+{{- $known := .known -}}
+{{- $prefix := .prefix -}}
+{{- range $key, $value := .values -}}
+{{- $path := $key -}}
+{{- if $prefix }}{{ $path = printf "%s.%s" $prefix $key }}{{ end -}}
+{{- if not (hasKey $known $key) }}
+{{ $path }}
+{{- else -}}
+{{- $sub := get $known $key -}}
+{{- if and (kindIs "map" $sub) (kindIs "map" $value) }}
+{{ include "gpu-operator.unknownValues" (dict "values" $value "known" $sub "prefix" $path) }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the leader Lease lives: operator.leaderElection.namespace, else the release namespace. */}}
+{{- define "gpu-operator.leaseNamespace" -}}
+{{- $election := .Values.operator.leaderElection | default dict -}}
+{{- $election.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* Leader election: create the Lease, then read and renew only our own (upstream's lease name). */}}
+{{- define "gpu-operator.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: ["53822513.nvidia.com"]
+  verbs: ["get", "update"]
+{{- end -}}
+

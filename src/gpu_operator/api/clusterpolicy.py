@@ -28,7 +28,11 @@ VERSION = "v1"
 KIND = "ClusterPolicy"
 PLURAL = "clusterpolicies"
 
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+# Prometheus durations as upstream's CRD accepts them (promv1.Duration): units y, w, d, h, m, s
+# and ms in that order, or "0"; the empty string means unset.
+DURATION_PATTERN = (
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
 
 
 class ContainerSpec(ImageSpec):
@@ -41,10 +45,16 @@ class ContainerSpec(ImageSpec):
     )
 
 
+HOST_NETWORK_DESCRIPTION = (
+    "Run the operand pods in the host's network namespace (dnsPolicy ClusterFirstWithHostNet)."
+)
+
+
 class OperandSpec(ContainerSpec):
     """An operand that can be switched on and off."""
 
     enabled: bool | None = Field(default=None, description="Deploy this operand.")
+    hostNetwork: bool | None = Field(default=None, description=HOST_NETWORK_DESCRIPTION)
 
 
 class InitContainerSpec(ImageSpec):
@@ -55,8 +65,16 @@ class ServiceMonitorSpec(K8sModel):
     """Prometheus-operator ServiceMonitor settings."""
 
     enabled: bool | None = None
-    interval: str | None = Field(default=None, pattern=DURATION_PATTERN)
-    scrapeTimeout: str | None = Field(default=None, pattern=DURATION_PATTERN)
+    interval: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description="How often Prometheus scrapes, e.g. 15s; unset: its global interval.",
+    )
+    scrapeTimeout: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description="Scrape timeout, at most the interval, e.g. 10s; unset: its global timeout.",
+    )
     honorLabels: bool | None = None
     additionalLabels: dict[str, str] | None = None
     relabelings: list[RelabelConfig] | None = None
@@ -242,13 +260,23 @@ class DCGMExporterSpec(OperandSpec):
     config: DCGMExporterMetricsConfig | None = None
     serviceMonitor: ServiceMonitorSpec | None = None
     service: DCGMExporterServiceConfig | None = None
-    annotations: dict[str, str] | None = None
-    hostPID: bool | None = None
-    hostNetwork: bool | None = None
+    annotations: dict[str, str] | None = Field(
+        default=None, description="Annotations added to the exporter pods."
+    )
+    hostPID: bool | None = Field(default=None, description="Run in the host's PID namespace.")
     hpcJobMapping: DCGMExporterHPCJobMappingConfig | None = None
-    enablePodLabels: bool | None = None
-    enablePodUID: bool | None = None
-    podLabelAllowlistRegex: list[str] | None = None
+    enablePodLabels: bool | None = Field(
+        default=None,
+        description="Add the labels of the pod using a GPU to its metrics (reads all pods).",
+    )
+    enablePodUID: bool | None = Field(
+        default=None,
+        description="Add the UID of the pod using a GPU to its metrics (reads all pods).",
+    )
+    podLabelAllowlistRegex: list[str] | None = Field(
+        default=None,
+        description="Regular expressions of the pod labels kept in metrics; empty keeps all.",
+    )
 
 
 class DCGMSpec(OperandSpec):
@@ -319,6 +347,7 @@ class ValidatorSpec(ContainerSpec):
     vfioPCI: ComponentValidatorSpec | None = None
     vgpuManager: ComponentValidatorSpec | None = None
     vgpuDevices: ComponentValidatorSpec | None = None
+    hostNetwork: bool | None = Field(default=None, description=HOST_NETWORK_DESCRIPTION)
 
 
 class SidecarSpec(ImageSpec):

@@ -22,8 +22,8 @@ _EXTRA_KEYS = ("format", "x-kubernetes-validations")
 # not know (silently losing settings). Any schema change must bump SCHEMA_VERSION and record the new
 # SCHEMA_DIGEST: tests/api/test_crds.py fails until both are updated, so a bump is never forgotten.
 SCHEMA_VERSION_ANNOTATION: Final = "nvidia.com/gpu-operator-crd-version"
-SCHEMA_VERSION: Final = 1
-SCHEMA_DIGEST: Final = "cd5445e0d2d300df"
+SCHEMA_VERSION: Final = 2
+SCHEMA_DIGEST: Final = "488d97eecf0d1e06"
 _AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 

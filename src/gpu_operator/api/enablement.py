@@ -52,8 +52,14 @@ def nri_plugin_enabled(spec: ClusterPolicySpec) -> bool:
 
 
 def host_paths(spec: ClusterPolicySpec) -> HostPathsSpec:
-    """The host paths with CRD defaults filled in."""
-    return spec.hostPaths or HostPathsSpec()
+    """The host paths with CRD defaults filled in; an empty string also means the default, as
+    upstream's transforms read it."""
+    given = spec.hostPaths or HostPathsSpec()
+    empty = {name for name, value in given if value == ""}
+    if not empty:
+        return given
+    defaults = HostPathsSpec()
+    return given.model_copy(update={name: getattr(defaults, name) for name in empty})
 
 
 def sandbox_enabled(spec: ClusterPolicySpec) -> bool:

@@ -266,6 +266,105 @@ def _check_max_unavailable(value: Any, path: str, *, digit_string: bool) -> Iter
         yield Problem(path, str(err))
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION_PART = re.compile(r"([0-9]+)(ms|y|w|d|h|m|s)")
+# Constructs Go's RE2 (which the exporter compiles the allowlist with) does not support.
+_NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]")
+
+
+def _seconds(duration: str) -> float | None:
+    """A Prometheus duration (already pattern-checked) in seconds; None when unset."""
+    if not duration:
+        return None
+    total = 0.0
+    for number, unit in _DURATION_PART.findall(duration):
+        total += int(number) / 1000 if unit == "ms" else int(number) * _DURATION_UNITS[unit]
+    return total
+
+
+def _check_scrape_timeout(monitor: Any, path: str) -> Iterator[Problem]:
+    """Prometheus refuses a scrape config whose timeout is longer than its interval."""
+    if monitor is None or not monitor.scrapeTimeout or not monitor.interval:
+        return
+    timeout, interval = _seconds(monitor.scrapeTimeout), _seconds(monitor.interval)
+    if timeout is not None and interval is not None and timeout > interval:
+        yield Problem(
+            f"{path}.scrapeTimeout",
+            f"{monitor.scrapeTimeout} is longer than {path}.interval ({monitor.interval}); "
+            "Prometheus rejects such a scrape config",
+        )
+
+
+def _check_object_name(value: str | None, path: str, kind: str) -> Iterator[Problem]:
+    if value and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
+        yield Problem(
+            path,
+            f"expected the name of a {kind} (lower-case letters, digits, '-' and '.'), "
+            f"got {_show(value)}",
+        )
+
+
+def _check_pod_label_allowlist(spec: ClusterPolicySpec) -> tuple[list[Problem], list[Problem]]:
+    exporter = spec.dcgmExporter
+    errors: list[Problem] = []
+    path = "spec.dcgmExporter.podLabelAllowlistRegex"
+    for index, pattern in enumerate(exporter.podLabelAllowlistRegex or ()):
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            errors.append(Problem(f"{path}[{index}]", f"not a regular expression: {err}"))
+            continue
+        if _NOT_RE2.search(pattern):
+            errors.append(
+                Problem(
+                    f"{path}[{index}]",
+                    "lookarounds and backreferences are not supported by the exporter's "
+                    f"regular expressions (Go RE2), got {_show(pattern)}",
+                )
+            )
+    labels_on = bool(exporter.enablePodLabels) or any(
+        e.name == "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS" and (e.value or "").lower() == "true"
+        for e in exporter.env or ()
+    )
+    warnings = []
+    if exporter.podLabelAllowlistRegex and not labels_on:
+        warnings.append(
+            Problem(path, "has no effect without spec.dcgmExporter.enablePodLabels: true")
+        )
+    return errors, warnings
+
+
+NRI_DEVICE_NAMESPACES_ENV = "NRI_MANAGEMENT_CDI_DEVICE_NAMESPACES"
+
+
+def _check_nri_device_namespaces(spec: ClusterPolicySpec) -> tuple[list[Problem], list[Problem]]:
+    """The toolkit's NRI plugin lets pods of the listed namespaces (besides the operator's own)
+    request management CDI devices; names match exactly (comma-separated, no wildcards)."""
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    for index, var in enumerate(spec.toolkit.env or ()):
+        if var.name != NRI_DEVICE_NAMESPACES_ENV:
+            continue
+        path = f"spec.toolkit.env[{index}].value"
+        for name in (part.strip() for part in (var.value or "").split(",")):
+            if not name:
+                continue
+            if "*" in name:
+                errors.append(
+                    Problem(
+                        path, f"{name!r}: namespaces are matched exactly; wildcards do not work"
+                    )
+                )
+            elif not _DNS_LABEL.match(name):
+                errors.append(Problem(path, f"{name!r} is not a namespace name"))
+        if not enablement.nri_plugin_enabled(spec):
+            warnings.append(
+                Problem(path, "has no effect: the NRI plugin is off (spec.cdi.nriPluginEnabled)")
+            )
+    return errors, warnings
+
+
 def _check_gds_needs_open_modules(
     gds: Any, kernel_module_type: str, path: str
 ) -> Iterator[Problem]:
@@ -295,6 +394,7 @@ _DEPRECATED_CP = {
     ("cdi", "default"): "deprecated and ignored",
     ("dcgm", "hostPort"): "deprecated and ignored",
     ("kataManager", "enabled"): "deprecated: the Kata manager is never deployed",
+    ("kataManager", "config"): "deprecated and ignored: the Kata manager is never deployed",
 }
 
 _IMAGE_SECTIONS = (
@@ -390,6 +490,28 @@ def _cp_semantics(spec: ClusterPolicySpec, raw_spec: dict[str, Any]) -> Checked:
             )
         )
     monitor = spec.dcgmExporter.serviceMonitor
+    errors.extend(_check_scrape_timeout(monitor, "spec.dcgmExporter.serviceMonitor"))
+    if spec.operator.metrics:
+        errors.extend(
+            _check_scrape_timeout(
+                spec.operator.metrics.serviceMonitor, "spec.operator.metrics.serviceMonitor"
+            )
+        )
+    for found_errors, found_warnings in (
+        _check_pod_label_allowlist(spec),
+        _check_nri_device_namespaces(spec),
+    ):
+        errors.extend(found_errors)
+        warnings.extend(found_warnings)
+    errors.extend(_check_object_name(spec.driver.secretEnv, "spec.driver.secretEnv", "Secret"))
+    kernel_modules = spec.vgpuManager.kernelModuleConfig if spec.vgpuManager else None
+    errors.extend(
+        _check_object_name(
+            kernel_modules.name if kernel_modules else None,
+            "spec.vgpuManager.kernelModuleConfig.name",
+            "ConfigMap",
+        )
+    )
     for index, rule in enumerate((monitor.relabelings if monitor else None) or []):
         if rule.action and rule.action.lower() not in _RELABEL_ACTIONS:
             errors.append(
@@ -484,6 +606,7 @@ def _nvd_semantics(spec: NVIDIADriverSpec) -> Checked:
             )
         )
     errors.extend(_check_tolerations(spec.tolerations, "spec.tolerations"))
+    errors.extend(_check_object_name(spec.secretEnv, "spec.secretEnv", "Secret"))
     errors.extend(_check_labels(spec.labels, "spec.labels", values=True))
     errors.extend(_check_labels(spec.nodeSelector, "spec.nodeSelector", values=True))
     if spec.useOpenKernelModules is not None:

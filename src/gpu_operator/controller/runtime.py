@@ -64,6 +64,8 @@ class Settings:
     namespace: str
     identity: str = "gpu-operator"
     leader_elect: bool = False
+    # Namespace of the leader Lease (--leader-elect-namespace); None: the operator's namespace.
+    leader_namespace: str | None = None
     operator_env: Mapping[str, str] = field(default_factory=dict)
     status_debounce: float = 0.2
     # At most one status write per object per this many seconds; the newest is always written
@@ -236,7 +238,11 @@ class Runtime:
         self.queue = WorkQueue()
         self.metrics = OperatorMetrics()
         self.elector = (
-            LeaderElector(client, namespace=settings.namespace, identity=settings.identity)
+            LeaderElector(
+                client,
+                namespace=settings.leader_namespace or settings.namespace,
+                identity=settings.identity,
+            )
             if settings.leader_elect
             else None
         )

@@ -58,19 +58,16 @@ CAPABILITY_LIBRARIES = {"utility": ("libnvidia-ml.so.*",), "compute": ("libcuda.
 # The environment some images declare (their Dockerfile ENV), which the runtime puts first in a
 # container's environment: CUDA base images and what is built on them ask for every GPU, so a
 # pod of such an image under the NVIDIA runtime in legacy mode gets all GPUs unless the device
-# plugin says otherwise (a well-known surprise); the validator image (gpu-operator
-# validator/Dockerfile) does the same for its toolkit check.
+# plugin says otherwise (a well-known surprise). NVIDIA's operator image, which has carried the
+# validator since 25.10, is distroless and declares NVIDIA_VISIBLE_DEVICES=void: its toolkit check
+# and CUDA workload ask for every GPU in their own container env.
 _CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
 IMAGE_ENV: dict[str, dict[str, str]] = {
     "nvcr.io/nvidia/cuda": _CUDA_ENV,
     "nvidia/cuda": _CUDA_ENV,
     "docker.io/nvidia/cuda": _CUDA_ENV,
     "nvcr.io/nvidia/k8s/cuda-sample": _CUDA_ENV,
-    "nvcr.io/nvidia/cloud-native/gpu-operator-validator": {
-        "NVIDIA_DISABLE_REQUIRE": "true",
-        "NVIDIA_VISIBLE_DEVICES": "all",
-        "NVIDIA_DRIVER_CAPABILITIES": "utility,compute",
-    },
+    "nvcr.io/nvidia/gpu-operator": {"NVIDIA_VISIBLE_DEVICES": "void"},
 }
 # id ("0", "GPU-...", "0:1", "MIG-...") -> UUID, for the node's GPUs and MIG devices.
 DeviceTable = Callable[[], Mapping[str, str]]

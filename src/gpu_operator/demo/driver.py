@@ -65,6 +65,8 @@ LATEST_IN_BRANCH = {
     570: "570.195.03",
     575: "575.57.08",
     580: "580.95.05",
+    590: "590.48.01",
+    595: "595.91.07",
 }
 # The driver's modules, in the order the container loads them (`modprobe nvidia-peermem` only
 # with GPUDirect RDMA).

@@ -39,7 +39,8 @@ KERNEL_PATHS = ("/proc/modules", "/sys/")
 # How often a shell wait loop says it is still waiting (its `sleep 5`).
 WAIT_MESSAGE_EVERY = 5.0
 _WAIT_FILE = re.compile(r"\[\s+-f\s+(\S+)\s+\]")
-_WAIT_WHAT = re.compile(r"echo\s+waiting\s+for\s+([^;]+?)\s*;")
+# What a wait loop waits for, in its own words (upstream's say "... to be setup").
+_WAIT_WHAT = re.compile(r"echo\s+waiting\s+for\s+([^;]+?)(?:\s+to\s+be\s+set\s?up)?\s*;")
 
 
 def _argv(container: Mapping[str, Any]) -> list[str]:

@@ -295,7 +295,8 @@ def plan_node(
             container
             and policy.mig_manager
             and mig_capable(labels)
-            and keys.MIG_CONFIG not in labels
+            # As upstream: an empty value counts as none (the MIG manager ignores it).
+            and not labels.get(keys.MIG_CONFIG)
             and policy.mig_default_config == "all-disabled"
         ):
             writer.set(keys.MIG_CONFIG, "all-disabled")

@@ -55,11 +55,13 @@ def metadata(
     return meta
 
 
-def service_account(name: str, state: str, facts: ClusterFacts) -> Obj:
+def service_account(
+    name: str, state: str, facts: ClusterFacts, labels: Mapping[str, str] | None = None
+) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": metadata(name, state, facts.namespace),
+        "metadata": metadata(name, state, facts.namespace, labels),
     }
 
 
@@ -70,17 +72,19 @@ def rbac(
     *,
     cluster_rules: Sequence[Obj] = (),
     namespace_rules: Sequence[Obj] = (),
+    labels: Mapping[str, str] | None = None,
 ) -> list[Obj]:
-    """A ServiceAccount plus a Role and a ClusterRole (with bindings) when given rules."""
+    """A ServiceAccount plus a Role and a ClusterRole (with bindings) when given rules; `labels`
+    go on every one of them (upstream labels some operands' RBAC with `app`)."""
     subject = {"kind": "ServiceAccount", "name": name, "namespace": facts.namespace}
-    objects = [service_account(name, state, facts)]
+    objects = [service_account(name, state, facts, labels)]
     rbac_group = "rbac.authorization.k8s.io"
     if namespace_rules:
         objects.append(
             {
                 "apiVersion": f"{rbac_group}/v1",
                 "kind": "Role",
-                "metadata": metadata(name, state, facts.namespace),
+                "metadata": metadata(name, state, facts.namespace, labels),
                 "rules": [copy.deepcopy(dict(rule)) for rule in namespace_rules],
             }
         )
@@ -88,7 +92,7 @@ def rbac(
             {
                 "apiVersion": f"{rbac_group}/v1",
                 "kind": "RoleBinding",
-                "metadata": metadata(name, state, facts.namespace),
+                "metadata": metadata(name, state, facts.namespace, labels),
                 "roleRef": {"apiGroup": rbac_group, "kind": "Role", "name": name},
                 "subjects": [subject],
             }
@@ -98,7 +102,7 @@ def rbac(
             {
                 "apiVersion": f"{rbac_group}/v1",
                 "kind": "ClusterRole",
-                "metadata": metadata(name, state),
+                "metadata": metadata(name, state, labels=labels),
                 "rules": [dict(rule) for rule in cluster_rules],
             }
         )
@@ -106,7 +110,7 @@ def rbac(
             {
                 "apiVersion": f"{rbac_group}/v1",
                 "kind": "ClusterRoleBinding",
-                "metadata": metadata(name, state),
+                "metadata": metadata(name, state, labels=labels),
                 "roleRef": {"apiGroup": rbac_group, "kind": "ClusterRole", "name": name},
                 "subjects": [subject],
             }
@@ -131,11 +135,17 @@ SCC_USE_PRIVILEGED: Obj = {
 }
 
 
-def config_map(name: str, state: str, facts: ClusterFacts, data: Mapping[str, str]) -> Obj:
+def config_map(
+    name: str,
+    state: str,
+    facts: ClusterFacts,
+    data: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(name, state, facts.namespace),
+        "metadata": metadata(name, state, facts.namespace, labels),
         "data": dict(data),
     }
 
@@ -173,8 +183,11 @@ def service_monitor(
     *,
     port_name: str,
     settings: api.clusterpolicy.ServiceMonitorSpec | None,
+    job_label: str,
 ) -> Obj:
-    """A prometheus-operator ServiceMonitor for the Service `name`, with the user's edits."""
+    """A prometheus-operator ServiceMonitor for the Service `name`, with the user's edits.
+
+    `job_label` is upstream's per asset (`operator`, `app`, `node-status`)."""
     endpoint: Obj = {"port": port_name, "path": "/metrics"}
     labels: dict[str, str] = {"app": name}
     if settings is not None:
@@ -183,8 +196,9 @@ def service_monitor(
             endpoint["interval"] = settings.interval
         if settings.scrapeTimeout:
             endpoint["scrapeTimeout"] = settings.scrapeTimeout
-        if settings.honorLabels is not None:
-            endpoint["honorLabels"] = settings.honorLabels
+        # Only when true: false is the default, which upstream's object leaves out.
+        if settings.honorLabels:
+            endpoint["honorLabels"] = True
         if settings.relabelings:
             endpoint["relabelings"] = [r.to_dict() for r in settings.relabelings]
     return {
@@ -195,6 +209,7 @@ def service_monitor(
             "selector": {"matchLabels": {"app": name}},
             "namespaceSelector": {"matchNames": [facts.namespace]},
             "endpoints": [endpoint],
+            "jobLabel": job_label,
         },
     }
 
@@ -358,10 +373,35 @@ def add_pull_secrets(ds: Obj, names: Iterable[str] | None) -> None:
         del spec["imagePullSecrets"]
 
 
-def toolkit_ready_init(name: str = "toolkit-validation") -> Obj:
-    """An init container that waits for the toolkit validation status file (reference §6)."""
+RUN_NVIDIA = "/run/nvidia"
+
+
+def run_nvidia_volume(kind: str | None = "Directory") -> Obj:
+    """The host's /run/nvidia, which upstream's toolkit-ready waits read the status file through
+    (`Directory` in most assets; the exporter's asset gives no type)."""
+    return host_path("run-nvidia", RUN_NVIDIA, kind)
+
+
+def toolkit_ready_init(*, what: str = "nvidia container stack", volume: str = "run-nvidia") -> Obj:
+    """An init container that waits for the toolkit validation status file (reference §6).
+
+    The wording, privileged mode and the volume read through (`run-nvidia` for /run/nvidia or
+    `run-nvidia-validations`) are each operand asset's own, kept so pod templates equal
+    upstream's (a different template restarts every pod when NVIDIA's DaemonSets are adopted)."""
     ready = f"{VALIDATIONS_DIR}/toolkit-ready"
-    return wait_for_file_init(name, [ready], "nvidia container toolkit")
+    return container(
+        "toolkit-validation",
+        command=["sh", "-c"],
+        args=[f"until [ -f {ready} ]; do echo waiting for {what} to be setup; sleep 5; done"],
+        mounts=[
+            mount(
+                volume,
+                RUN_NVIDIA if volume == "run-nvidia" else VALIDATIONS_DIR,
+                propagation="HostToContainer",
+            )
+        ],
+        privileged=True,
+    )
 
 
 def wait_for_file_init(name: str, paths: Sequence[str], what: str) -> Obj:
@@ -376,8 +416,16 @@ def wait_for_file_init(name: str, paths: Sequence[str], what: str) -> Obj:
     )
 
 
-def driver_validation_init(*, with_wait: bool = True) -> Obj:
-    """The validator's driver check, used as an init container by the toolkit and validator."""
+def driver_validation_init(*, with_wait: bool = True, host_root_first: bool = False) -> Obj:
+    """The validator's driver check, used as an init container by the toolkit and validator.
+
+    Mount order is each asset's: the validator lists host-root first, the toolkit last but one."""
+    host_root = mount("host-root", "/host", read_only=True, propagation="HostToContainer")
+    mounts = [
+        mount("driver-install-dir", DEFAULT_DRIVER_INSTALL_DIR, propagation="HostToContainer"),
+        mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+    ]
+    mounts.insert(0 if host_root_first else len(mounts), host_root)
     found = container(
         "driver-validation",
         command=["sh", "-c"],
@@ -386,15 +434,8 @@ def driver_validation_init(*, with_wait: bool = True) -> Obj:
             env("WITH_WAIT", str(with_wait).lower()),
             env("COMPONENT", "driver"),
             namespace_env(),
-            # Ours: lets a failed check name the driver pod on this node.
-            node_name_env(),
         ],
-        mounts=[
-            mount("host-root", "/host", read_only=True, propagation="HostToContainer"),
-            mount("driver-install-dir", DEFAULT_DRIVER_INSTALL_DIR, propagation="HostToContainer"),
-            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
-            mount("host-dev-char", "/host-dev-char"),
-        ],
+        mounts=[*mounts, mount("host-dev-char", "/host-dev-char")],
         privileged=True,
     )
     found["securityContext"]["seLinuxOptions"] = {"level": "s0"}

@@ -69,8 +69,6 @@ def _base(facts: ClusterFacts) -> Obj:
             # The namespace whose pods may ask the NRI plugin for devices by annotation (the
             # operator's own: its management pods), as upstream sets it.
             common.namespace_env("NRI_NAMESPACE"),
-            # Ours: the toolkit reports config drift and restores as Events on its Node.
-            common.node_name_env(),
         ],
         mounts=[
             mount("nvidia-container-toolkit-entrypoint", "/bin/entrypoint.sh", read_only=True),
@@ -94,9 +92,11 @@ def _base(facts: ClusterFacts) -> Obj:
         },
         host_path("toolkit-root", "/run/nvidia/toolkit", "DirectoryOrCreate"),
         *common.VALIDATION_VOLUMES,
-        *common.DRIVER_VALIDATION_VOLUMES,
+        host_path("driver-install-dir", common.DEFAULT_DRIVER_INSTALL_DIR, "DirectoryOrCreate"),
+        host_path("host-root", "/"),
         host_path("toolkit-install-dir", DEFAULT_INSTALL_DIR),
         host_path("crio-hooks", CRIO_HOOKS_HOST_DIR),
+        host_path("host-dev-char", "/dev/char"),
         host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
     ]
     return common.daemonset(
@@ -112,10 +112,17 @@ def _base(facts: ClusterFacts) -> Obj:
     )
 
 
-def _mount_host_file(ds: Obj, ctr: Obj, volume: str, host_file: str, ctr_dir: str) -> str:
+def _mount_host_file(
+    ds: Obj,
+    ctr: Obj,
+    volume: str,
+    host_file: str,
+    ctr_dir: str,
+    kind: str | None = "DirectoryOrCreate",
+) -> str:
     """Mount the directory of a host file; return the file's path inside the container."""
     directory, base = posixpath.split(host_file)
-    common.add_volume(ds, host_path(volume, directory, "DirectoryOrCreate"))
+    common.add_volume(ds, host_path(volume, directory, kind))
     common.add_mount(ctr, mount(volume, ctr_dir))
     return f"{ctr_dir.rstrip('/')}/{base}"
 
@@ -138,13 +145,14 @@ def _wire_runtime(ds: Obj, ctr: Obj, policy: api.ClusterPolicy, facts: ClusterFa
         or common.get_env(ctr, f"{upper}_CONFIG")
         or RUNTIME_CONFIG[runtime]
     )
-    path = _mount_host_file(ds, ctr, "runtime-config", config, "/runtime/config-dir/")
+    # Volumes are named after the runtime, as upstream names them.
+    path = _mount_host_file(ds, ctr, f"{runtime}-config", config, "/runtime/config-dir/")
     set_env(ctr, "RUNTIME_CONFIG", path)
     set_env(ctr, f"{upper}_CONFIG", path)
     drop_in = common.get_env(ctr, "RUNTIME_DROP_IN_CONFIG") or RUNTIME_DROP_IN.get(runtime)
     if drop_in:
         path = _mount_host_file(
-            ds, ctr, "runtime-drop-in-config", drop_in, "/runtime/config-dir.d/"
+            ds, ctr, f"{runtime}-drop-in-config", drop_in, "/runtime/config-dir.d/"
         )
         set_env(ctr, "RUNTIME_DROP_IN_CONFIG", path)
         set_env(ctr, "RUNTIME_DROP_IN_CONFIG_HOST_PATH", drop_in)
@@ -154,7 +162,10 @@ def _wire_runtime(ds: Obj, ctr: Obj, policy: api.ClusterPolicy, facts: ClusterFa
         or RUNTIME_SOCKET.get(runtime)
     )
     if socket:
-        path = _mount_host_file(ds, ctr, "runtime-socket", socket, "/runtime/sock-dir/")
+        # The socket's directory must exist already (no type), as upstream mounts it.
+        path = _mount_host_file(
+            ds, ctr, f"{runtime}-socket", socket, "/runtime/sock-dir/", kind=None
+        )
         set_env(ctr, "RUNTIME_SOCKET", path)
         set_env(ctr, f"{upper}_SOCKET", path)
     source = common.get_env(ctr, "RUNTIME_CONFIG_SOURCE")
@@ -202,10 +213,20 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         SA_NAME,
         NAME,
         facts,
-        cluster_rules=[common.rule([""], ["nodes"], ("get", "list", "watch", "patch"))],
-        namespace_rules=[common.rule([""], ["pods"], common.READ)],
+        # Ours: the toolkit reports config drift and restores as Events on its Node.
+        cluster_rules=[common.rule([""], ["nodes"], ("get",))],
+        # Upstream's Role (the SCC; listing DaemonSets), plus ours: the Node's Events.
+        namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
+            common.rule(["apps"], ["daemonsets"], ("list",)),
+            common.rule([""], ["events"], ("create",)),
+        ],
     )
-    objects.append(common.config_map(ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}))
+    objects.append(
+        common.config_map(
+            ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}, labels={"app": DS_NAME}
+        )
+    )
     ds = _base(facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
     return objects

@@ -24,6 +24,10 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
 def _base(facts: ClusterFacts) -> Obj:
     main = container(CTR, command=["nv-hostengine"], args=["-n", "-b", "ALL"], privileged=True)
     main["ports"] = [{"name": "dcgm", "containerPort": PORT, "protocol": "TCP"}]
+    # Upstream's probes: the host engine accepts connections on its port.
+    probe = {"tcpSocket": {"port": PORT}, "initialDelaySeconds": 15}
+    main["livenessProbe"] = dict(probe)
+    main["readinessProbe"] = dict(probe)
     return common.daemonset(
         DS_NAME,
         NAME,
@@ -32,7 +36,7 @@ def _base(facts: ClusterFacts) -> Obj:
         service_account_name=SA_NAME,
         main=[main],
         inits=[common.toolkit_ready_init()],
-        volumes=list(common.VALIDATION_VOLUMES),
+        volumes=[common.run_nvidia_volume()],
     )
 
 

@@ -26,6 +26,9 @@ REMOTE_ENGINE = "DCGM_REMOTE_HOSTENGINE_INFO"
 POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
 POD_UID_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"
 ALLOWLIST_ENV = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"
+# `namespace:name` of a ConfigMap the exporter reads its counters from through the API;
+# "none" (the exporter's default) and "" mean no read.
+CONFIGMAP_DATA_ENV = "DCGM_EXPORTER_CONFIGMAP_DATA"
 
 
 def default_metrics_csv() -> str:
@@ -84,6 +87,18 @@ def needs_pod_access(policy: api.ClusterPolicy) -> bool:
     )
 
 
+def needs_api_token(policy: api.ClusterPolicy) -> bool:
+    """The exporter talks to the API server (its service account token is mounted): for pod
+    metadata, or to read a counters ConfigMap named in `DCGM_EXPORTER_CONFIGMAP_DATA`. The latter
+    needs no ClusterRole: the exporter's Role already reads ConfigMaps in its namespace."""
+    if needs_pod_access(policy):
+        return True
+    return any(
+        e.name == CONFIGMAP_DATA_ENV and (e.value or "") not in ("", "none")
+        for e in policy.spec.dcgmExporter.env or ()
+    )
+
+
 def metrics_config_map(policy: api.ClusterPolicy) -> str | None:
     """The user's metrics ConfigMap (`dcgmExporter.config.name`), if any."""
     config = policy.spec.dcgmExporter.config
@@ -107,8 +122,9 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
     )
     main["ports"] = [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}]
     health = {"httpGet": {"path": "/health", "port": PORT}, "initialDelaySeconds": 45}
+    # Upstream's probes: liveness every 5 s, readiness at the default period.
     main["livenessProbe"] = {**health, "periodSeconds": 5}
-    main["readinessProbe"] = {**health, "periodSeconds": 5}
+    main["readinessProbe"] = dict(health)
     ds = common.daemonset(
         DS_NAME,
         NAME,
@@ -119,7 +135,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         inits=[common.toolkit_ready_init()],
         volumes=[
             host_path("pod-gpu-resources", f"{kubelet}/pod-resources"),
-            *common.VALIDATION_VOLUMES,
+            common.run_nvidia_volume(kind=None),
         ],
     )
     common.pod_spec(ds)["automountServiceAccountToken"] = False
@@ -164,7 +180,7 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         set_env(ctr, POD_UID_ENV, "true")
     if exporter.podLabelAllowlistRegex:
         set_env(ctr, ALLOWLIST_ENV, ",".join(exporter.podLabelAllowlistRegex))
-    if needs_pod_access(policy):
+    if needs_api_token(policy):
         pod["automountServiceAccountToken"] = True
     if exporter.annotations:
         ds["spec"]["template"]["metadata"].setdefault("annotations", {}).update(
@@ -186,11 +202,13 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         SA_NAME,
         NAME,
         facts,
-        # Upstream's Role: the exporter reads ConfigMaps and pods in its namespace.
+        # Upstream's Role: the exporter reads ConfigMaps in its namespace (pods only through the
+        # read-pods ClusterRole, when pod metadata is wanted).
         namespace_rules=[
             common.SCC_USE_PRIVILEGED,
-            common.rule([""], ["configmaps", "pods"], ("get", "list")),
+            common.rule([""], ["configmaps"], ("get", "list")),
         ],
+        labels={"app": DS_NAME},
     )
     if needs_pod_access(policy):
         objects += common.rbac(
@@ -198,6 +216,7 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
             NAME,
             facts,
             cluster_rules=[common.rule([""], ["pods"], common.READ)],
+            labels={"app": DS_NAME},
         )[1:]
         # The role binds the exporter's own service account, not a second one.
         for obj in objects[-2:]:
@@ -221,6 +240,8 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
     monitor = exporter.serviceMonitor
     if facts.has_servicemonitor_crd and monitor is not None and monitor.enabled:
         objects.append(
-            common.service_monitor(DS_NAME, NAME, facts, port_name=PORT_NAME, settings=monitor)
+            common.service_monitor(
+                DS_NAME, NAME, facts, port_name=PORT_NAME, settings=monitor, job_label="app"
+            )
         )
     return objects

@@ -31,9 +31,12 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
     return enablement.is_enabled(policy.spec, "devicePlugin")
 
 
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+
+
 def mps_root(policy: api.ClusterPolicy) -> str:
     mps = policy.spec.devicePlugin.mps
-    return mps.root if mps else "/run/nvidia/mps"
+    return mps.root if mps and mps.root else DEFAULT_MPS_ROOT
 
 
 def add_mps_volumes(ds: Obj, policy: api.ClusterPolicy) -> None:
@@ -55,7 +58,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
             env("DEVICE_ID_STRATEGY", "uuid"),
             env("NVIDIA_VISIBLE_DEVICES", "all"),
             env("NVIDIA_DRIVER_CAPABILITIES", "all"),
-            common.node_name_env(),
+            env("MPS_ROOT", DEFAULT_MPS_ROOT),
         ],
         mounts=[
             mount("nvidia-device-plugin-entrypoint", "/bin/entrypoint.sh", read_only=True),
@@ -64,8 +67,8 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
             mount("host-root", "/host", read_only=True, propagation="HostToContainer"),
             mount("cdi-root", "/var/run/cdi"),
-            mount("mps-root", "/mps", propagation="HostToContainer"),
             mount("mps-shm", "/dev/shm"),
+            mount("mps-root", "/mps"),
         ],
         privileged=True,
     )
@@ -89,7 +92,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         deploy_label="device-plugin",
         service_account_name=SA_NAME,
         main=[main, sidecar_cm],
-        inits=[common.toolkit_ready_init(), init_cm],
+        inits=[common.toolkit_ready_init(volume="run-nvidia-validations"), init_cm],
         volumes=volumes,
     )
 
@@ -102,6 +105,8 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         set_env(ctr, "MOFED_ENABLED", "true")
     if enablement.is_enabled(spec, "gdrcopy"):
         set_env(ctr, "GDRCOPY_ENABLED", "true")
+    # Upstream's order: MIG env, then CDI env (a different order is a different pod template).
+    common.apply_mig_env(ctr, policy)
     if enablement.is_enabled(spec, "cdi"):
         set_env(ctr, "CDI_ENABLED", "true")
         set_env(ctr, "DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri")
@@ -109,7 +114,6 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         set_env(ctr, "NVIDIA_CDI_HOOK_PATH", common.cdi_hook_path(policy))
     set_env(ctr, "MPS_ROOT", mps_root(policy))
     add_mps_volumes(ds, policy)
-    common.apply_mig_env(ctr, policy)
     common.apply_runtime_class(ds, policy, facts)
     common.apply_operand_spec(ds, spec.devicePlugin, "devicePlugin", facts)
     config_manager.wire(ds, policy, ctr)
@@ -121,10 +125,15 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         NAME,
         facts,
         cluster_rules=[common.rule([""], ["nodes"], common.READ)],
-        # Events on the node: device health changes, and the config manager's rejections.
-        namespace_rules=[config_manager.EVENTS_RULE],
+        # Upstream's Role (the SCC), plus ours: Events on the node (device health changes, the
+        # config manager's rejections), also for the MPS daemon, which runs as this account.
+        namespace_rules=[common.SCC_USE_PRIVILEGED, config_manager.EVENTS_RULE],
     )
-    objects.append(common.config_map(ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}))
+    objects.append(
+        common.config_map(
+            ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}, labels={"app": DS_NAME}
+        )
+    )
     ds = _base(policy, facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
     return objects

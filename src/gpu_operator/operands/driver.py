@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import re
 from typing import Any
 
@@ -12,7 +10,7 @@ from gpu_operator import api
 from gpu_operator.api import enablement, images, keys
 from gpu_operator.api.clusterpolicy import DriverSpec
 from gpu_operator.api.core_types import ContainerProbeSpec, DriverManagerSpec
-from gpu_operator.operands import common
+from gpu_operator.operands import common, driver_digest
 from gpu_operator.operands.common import Obj, container, env, host_path, mount, set_env
 from gpu_operator.operands.facts import ClusterFacts
 
@@ -27,6 +25,8 @@ GDRCOPY_CTR = "nvidia-gdrcopy-ctr"
 COMPONENT = "nvidia-driver"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 DRIVER_READY = f"{common.VALIDATIONS_DIR}/.driver-ctr-ready"
+# Where the driver container reports its daemons (fabric manager, ...): `Ready` once they run.
+DAEMONS_STATUS = f"{common.VALIDATIONS_DIR}/.driver-daemons-status"
 # kubectl logs/exec pick the driver container without -c (upstream's pod annotation).
 DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
@@ -37,7 +37,8 @@ STARTUP_PROBE_KEY = "startup-probe.sh"
 STARTUP_PROBE_VOLUME = "driver-startup-probe-script"
 STARTUP_PROBE_PATH = f"/usr/local/bin/{STARTUP_PROBE_KEY}"
 # Upstream's probe semantics, in our words: not ready until the nvidia module is loaded (so that
-# nvidia-smi never loads it with default parameters) and nvidia-smi answers; then the ready file
+# nvidia-smi never loads it with default parameters), the daemons the driver container starts
+# report `Ready` (when it reports them at all) and nvidia-smi answers; then the ready file
 # is written in one step, listing which optional parts this pod enabled, for the validator.
 STARTUP_PROBE_SCRIPT = f"""#!/bin/sh
 # Startup probe of the driver container (rendered by the GPU operator).
@@ -46,6 +47,11 @@ ready="{DRIVER_READY}"
 mkdir -p "$(dirname "$ready")"
 if [ ! -f /sys/module/nvidia/refcnt ]; then
   echo "the nvidia kernel module is not loaded yet"
+  exit 1
+fi
+status="{DAEMONS_STATUS}"
+if [ -f "$status" ] && [ "$(cat "$status")" != "Ready" ]; then
+  echo "the driver's daemons are not ready yet: $(cat "$status")"
   exit 1
 fi
 if ! nvidia-smi; then
@@ -150,11 +156,16 @@ def rbac(facts: ClusterFacts, name: str, state: str) -> list[Obj]:
         name,
         state,
         facts,
+        # Upstream's ClusterRole: the driver manager reads the OpenShift version (inert
+        # elsewhere), labels and cordons nodes, evicts GPU pods (resolving their DRA claims to
+        # find them) and reads the driver DaemonSet.
         cluster_rules=[
-            common.rule([""], ["nodes"], ("get", "list", "watch", "update", "patch")),
-            common.rule([""], ["pods"], ("get", "list", "watch", "delete")),
+            common.rule(["config.openshift.io"], ["clusterversions"], ("get", "list")),
+            common.rule([""], ["nodes"], ("get", "list", "patch", "update", "watch")),
+            common.rule([""], ["pods"], common.READ),
             common.rule([""], ["pods/eviction"], ("create",)),
-            common.rule(["apps"], ["daemonsets"], common.READ),
+            common.rule(["resource.k8s.io"], ["resourceclaims"], ("get", "list")),
+            common.rule(["apps"], ["daemonsets"], ("get",)),
         ],
         namespace_rules=[
             common.SCC_USE_PRIVILEGED,
@@ -200,7 +211,8 @@ def manager_container() -> Obj:
             env("ENABLE_GPU_POD_EVICTION", "true"),
             env("ENABLE_AUTO_DRAIN", "false"),
             env("DRAIN_USE_FORCE", "false"),
-            env("DRAIN_POD_SELECTOR_LABEL", ""),
+            # Unset (no value), as upstream's asset leaves it.
+            {"name": "DRAIN_POD_SELECTOR_LABEL"},
             env("DRAIN_TIMEOUT_SECONDS", "0s"),
             env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
             common.namespace_env(),
@@ -232,19 +244,19 @@ def _driver_container() -> Obj:
                 "mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src", propagation="HostToContainer"
             ),
             mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
+            # The whole of /sys/devices/system (memory blocks, CPU topology), as upstream mounts it.
+            mount("host-sys-devices-system", "/sys/devices/system"),
             mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-            mount("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
             mount("nv-firmware", "/lib/firmware"),
-            {
-                **mount(STARTUP_PROBE_VOLUME, STARTUP_PROBE_PATH, read_only=True),
-                "subPath": STARTUP_PROBE_KEY,
-            },
+            {**mount(STARTUP_PROBE_VOLUME, STARTUP_PROBE_PATH), "subPath": STARTUP_PROBE_KEY},
         ],
         privileged=True,
     )
     ctr["securityContext"]["seLinuxOptions"] = {"level": "s0"}
     ctr["lifecycle"] = {
-        "preStop": {"exec": {"command": ["/bin/sh", "-c", f"rm -f {DRIVER_READY}"]}}
+        "preStop": {
+            "exec": {"command": ["/bin/sh", "-c", f"rm -f {DRIVER_READY} {DAEMONS_STATUS}"]}
+        }
     }
     return ctr
 
@@ -282,7 +294,7 @@ def _volumes() -> list[Obj]:
         host_path("host-root", "/"),
         host_path("host-sys", "/sys", "Directory"),
         host_path("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-        host_path("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
+        host_path("host-sys-devices-system", "/sys/devices/system", "Directory"),
         host_path("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate"),
         {
             "name": STARTUP_PROBE_VOLUME,
@@ -301,41 +313,10 @@ def probe(defaults: dict[str, int], override: ContainerProbeSpec | None) -> Obj:
     return found
 
 
-def config_digest(policy: api.ClusterPolicy, image: str) -> str:
-    """A stable digest of what decides the installed driver (not how its pod is run).
-
-    Covered: the resolved driver image, kernelModuleType/useOpenKernelModules, usePrecompiled,
-    rdma, GDS and GDRCopy (enabled and image fields), licensingConfig, virtualTopology,
-    kernelModuleConfig, repoConfig, certConfig, secretEnv and the driver container env/args.
-    Probes, resources, tolerations and the driver-manager spec change only how the pod runs, so a
-    change there leaves the digest (and hence the installed driver) alone.
-    """
-    spec = policy.spec
-    driver = spec.driver
-
-    def dump(value: Any) -> Any:
-        return value.to_dict() if hasattr(value, "to_dict") else value
-
-    fields = {
-        "image": image,
-        "kernelModuleType": driver.kernelModuleType,
-        "useOpenKernelModules": driver.useOpenKernelModules,
-        "usePrecompiled": driver.usePrecompiled,
-        "rdma": dump(driver.rdma),
-        "gds": dump(spec.gds) if enablement.is_enabled(spec, "gds") else None,
-        "gdrcopy": dump(spec.gdrcopy) if enablement.is_enabled(spec, "gdrcopy") else None,
-        "licensingConfig": dump(driver.licensingConfig),
-        "virtualTopology": dump(driver.virtualTopology),
-        "kernelModuleConfig": dump(driver.kernelModuleConfig),
-        "repoConfig": dump(driver.repoConfig),
-        "certConfig": dump(driver.certConfig),
-        "secretEnv": driver.secretEnv,
-        "env": [e.to_dict() for e in driver.env or ()],
-        "args": driver.args,
-    }
-    present = {k: v for k, v in fields.items() if v not in (None, "", [], {})}
-    text = json.dumps(present, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def config_digest(ds: Obj) -> str:
+    """`DRIVER_CONFIG_DIGEST` of a rendered ClusterPolicy driver DaemonSet, as NVIDIA's operator
+    computes it from the finished pod (see operands/driver_digest.py for what counts)."""
+    return driver_digest.digest(common.pod_spec(ds))
 
 
 def mount_config_map_files(
@@ -512,15 +493,19 @@ def _transform(
             if sidecar_spec.args:
                 sidecar["args"] = list(sidecar_spec.args)
             common.upsert_env(sidecar, sidecar_spec.env)
+        # The sidecars build their modules like the driver does, with the same secret env.
+        if driver.secretEnv:
+            sidecar["envFrom"] = [{"secretRef": {"name": driver.secretEnv}}]
         set_env(ctr, flag, "true")
 
     _driver_configs(ds, ctr, driver, facts)
 
-    digest = config_digest(policy, image)
+    # Last, as upstream: the digest covers the pod as every transform above left it.
+    digest = config_digest(ds)
     for name in (MANAGER_CTR, DRIVER_CTR):
         target = common.find_container(ds, name)
         if target is not None:
-            set_env(target, "DRIVER_CONFIG_DIGEST", digest)
+            set_env(target, driver_digest.ENV_NAME, digest)
 
 
 def _base(

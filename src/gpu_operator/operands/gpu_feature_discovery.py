@@ -28,16 +28,14 @@ def _base(facts: ClusterFacts) -> Obj:
         env_vars=[
             env("GFD_SLEEP_INTERVAL", "60s"),
             env("GFD_FAIL_ON_INIT_ERROR", "true"),
-            common.node_name_env(),
             common.namespace_env("NAMESPACE"),
+            common.node_name_env(),
             common.field_env("POD_NAME", "metadata.name"),
         ],
         mounts=[
             mount("output-dir", FEATURES_DIR),
             # GFD only reads the host's /sys (as upstream mounts it): never writable.
             mount("host-sys", "/sys", read_only=True),
-            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-            mount("run-nvidia-validations", common.VALIDATIONS_DIR),
         ],
         privileged=True,
     )
@@ -53,10 +51,9 @@ def _base(facts: ClusterFacts) -> Obj:
         main=[main, sidecar_cm],
         inits=[common.toolkit_ready_init(), init_cm],
         volumes=[
-            host_path("output-dir", FEATURES_DIR, "DirectoryOrCreate"),
+            host_path("output-dir", FEATURES_DIR),
             host_path("host-sys", "/sys"),
-            host_path("driver-install-dir", common.DEFAULT_DRIVER_INSTALL_DIR, "DirectoryOrCreate"),
-            *common.VALIDATION_VOLUMES,
+            common.run_nvidia_volume(),
         ],
     )
 
@@ -75,9 +72,13 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         NAME,
         facts,
         cluster_rules=[common.rule([""], ["nodes"], common.READ)],
-        # GFD publishes its labels as an NFD NodeFeature object per node.
+        # Upstream's Role: GFD publishes its labels as an NFD NodeFeature object per node, owned
+        # by its own pod (read by POD_NAME); ours also lets it patch and delete that object and
+        # record the config manager's Events.
         namespace_rules=[
+            common.SCC_USE_PRIVILEGED,
             common.rule(["nfd.k8s-sigs.io"], ["nodefeatures"], common.WRITE),
+            common.rule([""], ["pods"], ("get",)),
             config_manager.EVENTS_RULE,
         ],
     )

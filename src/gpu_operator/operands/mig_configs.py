@@ -10,8 +10,9 @@ the catalog models it is meant for, which the tests check against the GPU catalo
 Sources: the file at gpu-operator 0b0b6b15 (68 configs), and for B300 (PCI id 0x3182) and GB300
 (0x31C2), which reached upstream after that revision, their MIG profile tables (NVIDIA's
 nvml-mock GB300 table, which quotes upstream's GB300 `all-balanced` entry; cloud providers'
-B300 configs naming upstream's filter). That makes upstream's 81 configs at a22dbf6; the order
-of entries inside `all-balanced` and `all-1g.35gb` for those two GPUs is ours.
+B300 configs naming upstream's filter). That makes upstream's 81 configs at a22dbf6 (v26.7.0 plus
+one commit), which the ConfigMap NVIDIA's operator 26.7 writes confirms config for config, entry
+order and device filters included (tests/operands/test_mig_configs.py compares them).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ class Entry:
 
     devices: Mapping[str, int] | None
     device_filter: tuple[str, ...] = ()
+    # Upstream writes one filter as a plain string instead of a list (the same to mig-parted).
+    filter_as_string: bool = False
 
     def as_dict(self) -> dict[str, object]:
         """The entry as mig-parted spells it (key order as upstream writes it)."""
         out: dict[str, object] = {}
         if self.device_filter:
-            out["device-filter"] = list(self.device_filter)
+            single = self.filter_as_string and len(self.device_filter) == 1
+            out["device-filter"] = self.device_filter[0] if single else list(self.device_filter)
         out["devices"] = "all"
         out["mig-enabled"] = self.devices is not None
         if self.devices is not None:
@@ -66,6 +70,7 @@ H100_NVL = ("0x232110DE", "0x233A10DE")  # H100 NVL, H800 NVL
 H100_96GB = ("0x234210DE", "0x233D10DE", "0x20B610DE", "0x232910DE")  # GH200, H100, PG506, H20
 GH200_144GB = ("0x234810DE",)
 H200 = ("0x233510DE", "0x233B10DE")  # H200 141GB, H200 NVL
+H200_SXM = ("0x233510DE",)  # upstream's all-1g.35gb names the 141GB part only
 B200 = ("0x290110DE",)
 GB200 = ("0x294110DE",)
 B300 = ("0x318210DE",)
@@ -177,13 +182,11 @@ _SPLIT: tuple[tuple[str, tuple[tuple[tuple[str, ...], int], ...], tuple[str, ...
     # The whole-slice 1g of 80 GB parts; the double-memory 1g of 40 GB A100s.
     ("1g.10gb", ((GPU_80GB, 7), (A100_40GB, 4)), (*_80GB, _A100_40)),
     # The double-memory 1g of H200; the whole-slice 1g of GB300.
-    ("1g.35gb", ((H200, 4), (GB300, 7)), (_H200, _GB300)),
+    ("1g.35gb", ((H200_SXM, 4), (GB300, 7)), (_H200, _GB300)),
 )
 
 # all-balanced: per GPU family, 2 x 1g + 1 x 2g (+ 1 x 3g on 7-slice GPUs), in upstream's order.
 _BALANCED: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
-    (GB300, ("1g.35gb", "2g.70gb", "3g.139gb"), _GB300),
-    (B300, ("1g.34gb", "2g.67gb", "3g.135gb"), _B300),
     (GB200, ("1g.23gb", "2g.47gb", "3g.93gb"), _GB200),
     (RTX_PRO_6000, ("1g.24gb", "2g.48gb"), _RTX),
     (B200, ("1g.23gb", "2g.45gb", "3g.90gb"), _B200),
@@ -194,6 +197,8 @@ _BALANCED: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
     (A100_40GB, ("1g.5gb", "2g.10gb", "3g.20gb"), _A100_40),
     (A30, ("1g.6gb", "2g.12gb"), _A30),
     (H100_96GB, ("1g.12gb", "2g.24gb", "3g.48gb"), _H100_96),
+    (B300, ("1g.34gb", "2g.67gb", "3g.135gb"), _B300),
+    (GB300, ("1g.35gb", "2g.70gb", "3g.139gb"), _GB300),
 )
 
 EVERY_MIG_MODEL = frozenset(
@@ -226,7 +231,7 @@ def _build() -> tuple[Config, ...]:
     balanced_targets = {_80GB[1]}  # both 80 GB models share the GPU_80GB entry
     for ids, (one, two, *three), model in _BALANCED:
         devices = {one: 2, two: 1, **dict.fromkeys(three, 1)}
-        balanced.append(Entry(_devices(devices), ids))
+        balanced.append(Entry(_devices(devices), ids, filter_as_string=ids == A30))
         balanced_targets.add(model)
     configs.append(Config("all-balanced", tuple(balanced), frozenset(balanced_targets)))
     return tuple(configs)
@@ -236,6 +241,28 @@ CONFIGS: tuple[Config, ...] = _build()
 BY_NAME: Mapping[str, Config] = MappingProxyType({c.name: c for c in CONFIGS})
 
 
+# The configs in the order upstream's file lists them (a YAML map's order means nothing to
+# mig-parted; it keeps `kubectl diff` against NVIDIA's ConfigMap quiet).
+ORDER = (
+    "all-disabled", "all-enabled", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb",
+    "all-4g.20gb", "all-7g.40gb", "all-1g.24gb.gfx", "all-1g.24gb.me.all", "all-1g.24gb-me",
+    "all-2g.48gb", "all-2g.48gb.gfx", "all-2g.48gb.me.all", "all-2g.48gb-me", "all-4g.96gb",
+    "all-4g.96gb.gfx", "all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-1g.23gb",
+    "all-1g.23gb.me", "all-1g.24gb.me", "all-2g.20gb", "all-3g.40gb", "all-4g.40gb",
+    "all-7g.80gb", "all-1g.6gb", "all-1g.6gb.me", "all-2g.12gb", "all-2g.12gb.me", "all-4g.24gb",
+    "all-1g.12gb", "all-1g.12gb.me", "all-1g.24gb", "all-1g.45gb", "all-1g.47gb", "all-2g.24gb",
+    "all-2g.45gb", "all-2g.47gb", "all-3g.47gb", "all-4g.47gb", "all-7g.94gb", "all-3g.48gb",
+    "all-3g.90gb", "all-3g.93gb", "all-3g.95gb", "all-4g.48gb", "all-4g.90gb", "all-4g.93gb",
+    "all-4g.95gb", "all-7g.96gb", "all-7g.180gb", "all-7g.186gb", "all-7g.189gb", "all-balanced",
+    "all-1g.18gb", "all-1g.18gb.me", "all-1g.35gb", "all-2g.35gb", "all-3g.71gb", "all-4g.71gb",
+    "all-7g.141gb", "all-1g.36gb", "all-2g.36gb", "all-3g.72gb", "all-4g.72gb", "all-7g.144gb",
+    "all-1g.34gb", "all-1g.34gb.me", "all-1g.67gb", "all-2g.67gb", "all-3g.135gb", "all-4g.135gb",
+    "all-7g.269gb", "all-1g.35gb.me", "all-1g.70gb", "all-2g.70gb", "all-3g.139gb",
+    "all-4g.139gb", "all-7g.278gb",
+)  # fmt: skip
+assert sorted(ORDER) == sorted(BY_NAME)
+
+
 def document() -> dict[str, list[dict[str, object]]]:
-    """`mig-configs` as mig-parted reads it: config name -> its entries."""
-    return {c.name: [e.as_dict() for e in c.entries] for c in CONFIGS}
+    """`mig-configs` as mig-parted reads it: config name -> its entries, in upstream's order."""
+    return {name: [e.as_dict() for e in BY_NAME[name].entries] for name in ORDER}

@@ -45,7 +45,8 @@ GPU_CLIENT_SERVICES = (
 # marker, and stops the host's own GPU services around a MIG change only when the driver is
 # installed on the host (a containerised driver leaves no such services to stop). Only
 # IS_HOST_DRIVER is taken from the marker: the driver root paths in it are the validator's view,
-# while this container has its own mount and env for them.
+# while this container sees the driver root at /driver-root. The script sets those paths (the
+# pod template carries upstream's env only, so adopting NVIDIA's DaemonSet restarts nothing).
 ENTRYPOINT = """#!/bin/sh
 ready=/run/nvidia/validations/driver-ready
 until [ -f "$ready" ]; do
@@ -53,6 +54,8 @@ until [ -f "$ready" ]; do
 done
 host_driver=$(sed -n 's/^IS_HOST_DRIVER=//p' "$ready" | tr -d '"' | tail -n 1)
 export WITH_SHUTDOWN_HOST_GPU_CLIENTS="${host_driver:-false}"
+export NVIDIA_DRIVER_ROOT="${NVIDIA_DRIVER_ROOT:-/run/nvidia/driver}"
+export DRIVER_ROOT_CTR_PATH="${DRIVER_ROOT_CTR_PATH:-/driver-root}"
 echo "WITH_SHUTDOWN_HOST_GPU_CLIENTS=$WITH_SHUTDOWN_HOST_GPU_CLIENTS"
 exec nvidia-mig-manager
 """
@@ -119,38 +122,27 @@ def _clients_name(policy: api.ClusterPolicy) -> str:
 
 
 def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
+    # Upstream's env: the host paths, reboot and host-client settings are the manager's own
+    # defaults, so the pod template leaves them out (as upstream's does).
     main = container(
         CTR,
         command=["/bin/sh", "-c"],
         args=["/bin/entrypoint.sh"],
         env_vars=[
             common.node_name_env(),
-            env("GPU_CLIENTS_FILE", f"{CLIENTS_DIR}/clients.yaml"),
-            env("HOST_ROOT_MOUNT", "/host"),
-            env("HOST_NVIDIA_DIR", "/usr/local/nvidia"),
-            env(
-                "HOST_MIG_MANAGER_STATE_FILE",
-                "/etc/systemd/system/nvidia-mig-manager.service.d/override.conf",
-            ),
-            env(
-                "HOST_GPU_CLIENT_SERVICES_FILE", "/etc/systemd/system/nvidia-gpu-reset.target.wants"
-            ),
-            env("WITH_REBOOT", "false"),
-            env("WITH_SHUTDOWN_HOST_GPU_CLIENTS", "false"),
-            env("DEFAULT_GPU_CLIENTS_NAMESPACE", facts.namespace),
-            env("NVIDIA_DRIVER_ROOT", common.DEFAULT_DRIVER_INSTALL_DIR),
-            env("DRIVER_ROOT_CTR_PATH", "/driver-root"),
             # The manager publishes its hardware-generated config as a ConfigMap owned by its pod.
             common.field_env("POD_NAME", "metadata.name"),
             common.namespace_env("POD_NAMESPACE"),
+            env("GPU_CLIENTS_FILE", f"{CLIENTS_DIR}/clients.yaml"),
+            common.namespace_env("DEFAULT_GPU_CLIENTS_NAMESPACE"),
         ],
         mounts=[
             mount(ENTRYPOINT_CM, "/bin/entrypoint.sh", read_only=True),
             mount("run-nvidia-validations", common.VALIDATIONS_DIR),
-            mount("mig-parted-config", CONFIG_DIR),
-            mount("gpu-clients", CLIENTS_DIR),
-            mount("host-root", "/host"),
             mount("host-sys", "/sys"),
+            mount("host-root", "/host", propagation="HostToContainer"),
+            mount("gpu-clients", CLIENTS_DIR),
+            mount("mig-parted-config", CONFIG_DIR),
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
             mount("cdi-root", "/var/run/cdi"),
         ],
@@ -164,14 +156,20 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         deploy_label="mig-manager",
         service_account_name=SA_NAME,
         main=[main],
-        inits=[common.toolkit_ready_init()],
+        inits=[
+            common.toolkit_ready_init(
+                what="nvidia container toolkit", volume="run-nvidia-validations"
+            )
+        ],
         volumes=[
             {"name": ENTRYPOINT_CM, "configMap": {"name": ENTRYPOINT_CM, "defaultMode": 448}},
-            *common.VALIDATION_VOLUMES,
-            {"name": "gpu-clients", "configMap": {"name": _clients_name(policy)}},
-            host_path("host-root", "/"),
             host_path("host-sys", "/sys", "Directory"),
+            *common.VALIDATION_VOLUMES,
             host_path("driver-install-dir", common.DEFAULT_DRIVER_INSTALL_DIR, "DirectoryOrCreate"),
+            host_path("host-root", "/"),
+            {"name": "gpu-clients", "configMap": {"name": _clients_name(policy)}},
+            # Its ConfigMap (and items) are set by the transform.
+            {"name": "mig-parted-config", "configMap": {"name": _config_name(policy)}},
             host_path("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
         ],
         host_pid=True,
@@ -197,7 +195,9 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
     else:
         volume = {"name": "mig-parted-config", "configMap": {"name": name}}
         set_env(ctr, "CONFIG_FILE", f"{CONFIG_DIR}/config.yaml")
-    common.add_volume(ds, volume)
+    # In place: the volume keeps upstream's position in the list.
+    volumes = common.pod_spec(ds)["volumes"]
+    volumes[:] = [volume if v["name"] == volume["name"] else v for v in volumes]
     if enablement.is_enabled(spec, "cdi"):
         set_env(ctr, "CDI_ENABLED", "true")
         set_env(ctr, "NVIDIA_CDI_HOOK_PATH", common.cdi_hook_path(policy))
@@ -217,12 +217,13 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
             common.rule([""], ["nodes"], ("get", "list", "watch", "update", "patch")),
             common.rule([""], ["pods"], ("list",)),
         ],
-        # Our manager also needs, in the operator namespace only: its own pod (owner of the
-        # published config) and deleting the validator pods so they re-validate the new layout
-        # (agents/mig_manager/reconfigure.py); the `<node>-mig-config` it publishes; Events.
+        # Upstream's Role, in the operator namespace only: its own pod (owner of the published
+        # config), the validator pods it deletes so they re-validate the new layout
+        # (agents/mig_manager/reconfigure.py), the `<node>-mig-config` it publishes. Ours also
+        # watches and deletes that ConfigMap, and records Events.
         namespace_rules=[
             common.SCC_USE_PRIVILEGED,
-            common.rule([""], ["pods"], ("get", "delete")),
+            common.rule([""], ["pods"], ("get", "list", "watch", "delete")),
             common.rule([""], ["configmaps"], common.WRITE),
             common.rule([""], ["events"], ("create",)),
         ],
@@ -239,7 +240,11 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
                 GPU_CLIENTS_CM, NAME, facts, {"clients.yaml": default_gpu_clients_yaml()}
             )
         )
-    objects.append(common.config_map(ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}))
+    objects.append(
+        common.config_map(
+            ENTRYPOINT_CM, NAME, facts, {"entrypoint.sh": ENTRYPOINT}, labels={"app": DS_NAME}
+        )
+    )
     ds = _base(policy, facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))
     return objects

@@ -7,12 +7,13 @@ from typing import Any
 from gpu_operator import api
 from gpu_operator.api import enablement, keys
 from gpu_operator.operands import common, config_manager, device_plugin
-from gpu_operator.operands.common import Obj, container, mount
+from gpu_operator.operands.common import Obj, container, env, mount
 from gpu_operator.operands.facts import ClusterFacts
 
 NAME = "state-mps-control-daemon"
 DS_NAME = "nvidia-device-plugin-mps-control-daemon"
-# Upstream names the account, its roles and bindings after the DaemonSet.
+# Upstream names the account, its roles and bindings after the DaemonSet, yet its pods run as the
+# device plugin's account (the daemon ships in the plugin's image and is enabled with it).
 SA_NAME = "nvidia-device-plugin-mps-control-daemon"
 CTR = "mps-control-daemon-ctr"
 MOUNTS_INIT = "mps-control-daemon-mounts"
@@ -26,12 +27,12 @@ def _base(facts: ClusterFacts) -> Obj:
     main = container(
         CTR,
         command=["mps-control-daemon"],
-        env_vars=[common.node_name_env()],
-        mounts=[
-            mount("mps-root", "/mps", propagation="Bidirectional"),
-            mount("mps-shm", "/dev/shm"),
-            mount("run-nvidia-validations", common.VALIDATIONS_DIR),
+        env_vars=[
+            common.node_name_env(),
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
         ],
+        mounts=[mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps")],
         privileged=True,
     )
     shm_init = container(
@@ -46,10 +47,10 @@ def _base(facts: ClusterFacts) -> Obj:
         NAME,
         facts,
         deploy_label="device-plugin",
-        service_account_name=SA_NAME,
+        service_account_name=device_plugin.SA_NAME,
         main=[main, sidecar_cm],
         inits=[common.toolkit_ready_init(), shm_init, init_cm],
-        volumes=list(common.VALIDATION_VOLUMES),
+        volumes=[common.run_nvidia_volume()],
         extra_node_selector={keys.MPS_CAPABLE: "true"},
         host_pid=True,
     )
@@ -75,7 +76,8 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
         NAME,
         facts,
         cluster_rules=[common.rule([""], ["nodes"], common.READ)],
-        namespace_rules=[common.SCC_USE_PRIVILEGED, config_manager.EVENTS_RULE],
+        # Upstream's Role: the SCC only (the pods run as the device plugin's account).
+        namespace_rules=[common.SCC_USE_PRIVILEGED],
     )
     ds = _base(facts)
     objects.append(common.finalize(ds, policy, facts, lambda d: _transform(d, policy, facts)))

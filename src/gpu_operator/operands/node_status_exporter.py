@@ -84,9 +84,20 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
             lambda d: common.apply_operand_spec(d, spec, "nodeStatusExporter", facts),
         )
     )
-    objects.append(common.service(DS_NAME, NAME, facts, port=PORT, port_name=PORT_NAME))
+    objects.append(
+        common.service(
+            DS_NAME,
+            NAME,
+            facts,
+            port=PORT,
+            port_name=PORT_NAME,
+            annotations={"prometheus.io/scrape": "true"},
+        )
+    )
     if facts.has_servicemonitor_crd:
         objects.append(
-            common.service_monitor(DS_NAME, NAME, facts, port_name=PORT_NAME, settings=None)
+            common.service_monitor(
+                DS_NAME, NAME, facts, port_name=PORT_NAME, settings=None, job_label="node-status"
+            )
         )
     return objects

@@ -31,7 +31,7 @@ from gpu_operator.api import images, keys
 from gpu_operator.api.core_types import Toleration
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec
 from gpu_operator.nodes import labelling, ownership
-from gpu_operator.operands import common, driver, driver_support
+from gpu_operator.operands import common, driver, driver_digest, driver_support, nvidiadriver_digest
 from gpu_operator.operands.facts import ClusterFacts
 
 Obj = dict[str, Any]
@@ -349,7 +349,35 @@ def render_pool(
     if spec.hostNetwork:
         common.set_host_network(ds)
     ds["metadata"]["ownerReferences"] = [_owner_reference(item, controller=True)]
+    _stamp_digest(ds, spec, pool, policy, facts)
     return ds
+
+
+def _stamp_digest(
+    ds: Obj, spec: NVIDIADriverSpec, pool: Pool, policy: api.ClusterPolicy, facts: ClusterFacts
+) -> None:
+    """Replace the ClusterPolicy-style digest with the one upstream gives NVIDIADriver pools
+    (from the spec, not the pod), so that its pods and ours agree on the same driver."""
+    configs = nvidiadriver_digest.pool_configs(
+        spec,
+        os_id=pool.os_id,
+        precompiled=bool(pool.kernel),
+        runtime=facts.runtime,
+        config_map_keys=facts.config_map_keys,
+    )
+    host_paths = policy.spec.hostPaths
+    state = nvidiadriver_digest.install_state(
+        spec,
+        common.pod_spec(ds),
+        kernel=pool.kernel,
+        host_root=host_paths.rootFS if host_paths is not None else "/",
+        configs=configs,
+    )
+    digest = state.digest()
+    for name in (driver.MANAGER_CTR, driver.DRIVER_CTR):
+        target = common.find_container(ds, name)
+        if target is not None:
+            common.set_env(target, driver_digest.ENV_NAME, digest)
 
 
 def render_accounts(drivers: Sequence[DriverInput], facts: ClusterFacts) -> list[Obj]:
@@ -383,11 +411,21 @@ def fingerprint(template: Mapping[str, Any]) -> str:
 
     Two templates with the same fingerprint start the same containers with the same volumes, so a
     pod of one can be adopted by the other's DaemonSet without restarting the driver.
+    `DRIVER_CONFIG_DIGEST` is left out: upstream computes it differently for ClusterPolicy and
+    NVIDIADriver pods (from the pod, from the spec), so the same driver carries two numbers.
     """
     spec = template.get("spec") or {}
     content = {k: v for k, v in spec.items() if k not in _PLACEMENT_FIELDS}
+    for key in ("initContainers", "containers"):
+        if content.get(key):
+            content[key] = [_without_digest(c) for c in content[key]]
     text = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _without_digest(ctr: Mapping[str, Any]) -> dict[str, Any]:
+    env = [e for e in ctr.get("env") or () if e.get("name") != driver_digest.ENV_NAME]
+    return {**ctr, "env": env} if "env" in ctr else dict(ctr)
 
 
 @dataclass(frozen=True)

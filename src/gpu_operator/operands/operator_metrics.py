@@ -20,7 +20,16 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:
     """Service `gpu-operator` on 8080; a ServiceMonitor whenever its CRD exists."""
-    objects = [common.service(SERVICE_NAME, NAME, facts, port=PORT, port_name=PORT_NAME)]
+    objects = [
+        common.service(
+            SERVICE_NAME,
+            NAME,
+            facts,
+            port=PORT,
+            port_name=PORT_NAME,
+            annotations={"prometheus.io/scrape": "true"},
+        )
+    ]
     if facts.has_servicemonitor_crd:
         metrics = policy.spec.operator.metrics
         objects.append(
@@ -30,6 +39,7 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
                 facts,
                 port_name=PORT_NAME,
                 settings=metrics.serviceMonitor if metrics else None,
+                job_label="operator",
             )
         )
     return objects

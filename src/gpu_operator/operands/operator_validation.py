@@ -19,11 +19,13 @@ DS_NAME = "nvidia-operator-validator"
 SA_NAME = "nvidia-operator-validator"
 MAIN = "nvidia-operator-validator"
 STEPS = ("driver", "toolkit", "cuda", "plugin")
-# Upstream grants the validator the ClusterPolicy finalizers (in its Role and ClusterRole): the
+# Upstream grants the validator the ClusterPolicy and NVIDIADriver finalizers (ClusterRole): the
 # workload pods it creates name an owner with blockOwnerDeletion, which clusters enforcing
 # OwnerReferencesPermissionEnforcement allow only with update on the owner's finalizers. Upstream
 # grants every verb there; `update` is the only one the API server checks.
-FINALIZERS_RULE: Obj = common.rule(["nvidia.com"], ["clusterpolicies/finalizers"], ("update",))
+FINALIZERS_RULE: Obj = common.rule(
+    ["nvidia.com"], ["clusterpolicies/finalizers", "nvidiadrivers/finalizers"], ("update",)
+)
 
 
 def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
@@ -31,24 +33,28 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
 
 
 def _step(component: str, *, with_wait: bool) -> Obj:
-    mounts = [mount("run-nvidia-validations", common.VALIDATIONS_DIR, propagation="Bidirectional")]
-    # The toolkit check runs nvidia-smi in a container the NVIDIA runtime must fill: upstream
-    # asks for every GPU.
-    visible = [env("NVIDIA_VISIBLE_DEVICES", "all")] if component == "toolkit" else []
+    """One validation step with upstream's env (names and order) for its component."""
+    wait = env("WITH_WAIT", str(with_wait).lower())
+    what = env("COMPONENT", component)
     if component == "toolkit":
-        mounts.append(mount("driver-install-dir", "/run/nvidia/driver", read_only=True))
+        # The toolkit check runs nvidia-smi in a container the NVIDIA runtime must fill:
+        # upstream asks for every GPU.
+        env_vars = [env("NVIDIA_VISIBLE_DEVICES", "all"), wait, what]
+    elif component == "plugin":
+        env_vars = [what, wait]
+    else:
+        env_vars = [wait, what]
+    if component in ("cuda", "plugin"):
+        # Both start workload pods on this node (set later: image, pull policy, runtime class).
+        env_vars += [common.node_name_env(), common.namespace_env()]
     return container(
         f"{component}-validation",
         command=["sh", "-c"],
         args=["nvidia-validator"],
-        env_vars=[
-            *visible,
-            env("WITH_WAIT", str(with_wait).lower()),
-            env("COMPONENT", component),
-            common.node_name_env(),
-            common.namespace_env(),
+        env_vars=env_vars,
+        mounts=[
+            mount("run-nvidia-validations", common.VALIDATIONS_DIR, propagation="Bidirectional")
         ],
-        mounts=mounts,
         privileged=True,
     )
 
@@ -57,18 +63,19 @@ def _base(facts: ClusterFacts) -> Obj:
     main = container(
         MAIN,
         command=["sh", "-c"],
-        args=["echo all validations are successful; sleep infinity"],
+        args=["echo all validations are successful; while true; do sleep 86400; done"],
         mounts=[
             mount("run-nvidia-validations", common.VALIDATIONS_DIR, propagation="Bidirectional")
         ],
         privileged=True,
     )
+    main["securityContext"]["runAsUser"] = 0
     # Removing the status files on stop makes every waiting operand wait again after a restart.
     main["lifecycle"] = {
         "preStop": {"exec": {"command": ["sh", "-c", f"rm -f {common.VALIDATIONS_DIR}/*-ready"]}}
     }
     inits = [
-        common.driver_validation_init(with_wait=True),
+        common.driver_validation_init(with_wait=True, host_root_first=True),
         _step("toolkit", with_wait=False),
         _step("cuda", with_wait=False),
         _step("plugin", with_wait=False),
@@ -83,7 +90,13 @@ def _base(facts: ClusterFacts) -> Obj:
         part_of=common.PART_OF_OPERATOR,
         main=[main],
         inits=inits,
-        volumes=[*common.VALIDATION_VOLUMES, *common.DRIVER_VALIDATION_VOLUMES],
+        volumes=[
+            *common.VALIDATION_VOLUMES,
+            # No type: the driver root may be the host's own (a preinstalled driver).
+            common.host_path("driver-install-dir", common.DEFAULT_DRIVER_INSTALL_DIR),
+            common.host_path("host-root", "/"),
+            common.host_path("host-dev-char", "/dev/char"),
+        ],
     )
 
 
@@ -99,6 +112,16 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         if common.runtime_class_applies(policy, facts)
         else ""
     )
+    plugin = common.find_container(ds, "plugin-validation")
+    assert plugin is not None
+    # Upstream's order: these two come before the node and namespace env.
+    for at, item in enumerate(
+        (
+            env("WITH_WORKLOAD", "false"),
+            env("MIG_STRATEGY", enablement.mig_strategy(spec) or "none"),
+        )
+    ):
+        plugin["env"].insert(2 + at, item)
     # The cuda and plugin steps start workload pods with the validator image themselves.
     for component in ("cuda", "plugin"):
         ctr = common.find_container(ds, f"{component}-validation")
@@ -109,10 +132,6 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
             set_env(ctr, "VALIDATOR_IMAGE_PULL_SECRETS", secrets)
         if runtime_class:
             set_env(ctr, "VALIDATOR_RUNTIME_CLASS", runtime_class)
-    plugin = common.find_container(ds, "plugin-validation")
-    assert plugin is not None
-    set_env(plugin, "WITH_WORKLOAD", "false")
-    set_env(plugin, "MIG_STRATEGY", enablement.mig_strategy(spec) or "none")
     for component in STEPS:
         ctr = common.find_container(ds, f"{component}-validation")
         section = getattr(validator, component) if validator else None
@@ -134,7 +153,6 @@ def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any
             common.SCC_USE_PRIVILEGED,
             common.rule([""], ["pods"], common.WRITE),
             common.rule(["apps"], ["daemonsets"], common.READ),
-            FINALIZERS_RULE,
         ],
     )
     ds = _base(facts)

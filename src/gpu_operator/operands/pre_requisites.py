@@ -12,6 +12,7 @@ from gpu_operator.operands.facts import ClusterFacts
 NAME = "pre-requisites"
 LEGACY_RUNTIME_CLASS = "nvidia-legacy"
 CDI_RUNTIME_CLASS = "nvidia-cdi"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 
 
 def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
@@ -24,7 +25,7 @@ def _runtime_class(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "node.k8s.io/v1",
         "kind": "RuntimeClass",
-        "metadata": common.metadata(name, NAME),
+        "metadata": common.metadata(name, NAME, labels={COMPONENT_LABEL: "gpu-operator"}),
         "handler": name,
     }
 

@@ -139,7 +139,9 @@ def _env(ctr: Obj, name: str) -> str | None:
 
 
 def _digest(spec: Obj) -> str | None:
-    for ctr in spec.get("containers") or []:
+    """The pod's DRIVER_CONFIG_DIGEST: the first non-empty one, init containers first (the
+    driver manager's), as upstream reads it."""
+    for ctr in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         value = _env(ctr, "DRIVER_CONFIG_DIGEST")
         if value:
             return value

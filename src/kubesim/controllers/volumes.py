@@ -45,6 +45,7 @@ NODE_SKELETON = (
     "proc",
     "run",
     "sys",
+    "sys/devices/system",
     "tmp",
     "usr/bin",
     "var/lib/kubelet/pods",

@@ -9,7 +9,7 @@ import pytest
 from gpu_operator.agents.validator import workload
 
 SPEC = workload.WorkloadSpec(
-    image="nvcr.io/nvidia/cloud-native/gpu-operator-validator:v25.10.1",
+    image="nvcr.io/nvidia/gpu-operator:v26.7.0",
     pull_policy="IfNotPresent",
     pull_secrets=("regcred",),
     runtime_class="nvidia",

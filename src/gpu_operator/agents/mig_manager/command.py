@@ -95,14 +95,20 @@ class ConfigSource:
 
 
 def config_source(o: Options, gpus: gpus_mod.Gpus) -> ConfigSource:
-    """CONFIG_FILE if given; else generated from the GPUs; else DEFAULT_CONFIG_FILE."""
+    """CONFIG_FILE if given; else generated from the profiles the GPUs report; else (no MIG
+    GPU, or a driver that reports no profiles) DEFAULT_CONFIG_FILE, as upstream falls back."""
     if o.config_file:
         path = Path(o.config_file)
         cfg.load(path)  # fail early: a bad file is a usage error at start
         return ConfigSource(lambda: cfg.load(path), origin=str(path))
-    models = gpus.models()
-    if any(m.mig_capable for m in models):
-        document = generate.generate(models)
+    tables = gpus.profiles()
+    document: dict[str, Any] | None = None
+    if tables:
+        try:
+            document = generate.generate(tables)
+        except generate.GenerationError as err:
+            log.warning("cannot generate a MIG config from the GPUs (%s)", err)
+    if document is not None:
         text = generate.to_yaml(document)
         parsed = cfg.parse(document, "generated config")
         if o.generated_config_file:
@@ -114,13 +120,19 @@ def config_source(o: Options, gpus: gpus_mod.Gpus) -> ConfigSource:
                 log.warning("could not write %s: %s", o.generated_config_file, err)
         return ConfigSource(lambda: parsed, text, "generated from this node's GPUs")
     if o.default_config_file and Path(o.default_config_file).is_file():
-        log.info("no MIG-capable GPU found; using %s", o.default_config_file)
+        why = "no MIG-capable GPU found" if not tables else "no generated config"
+        log.info("%s; using %s", why, o.default_config_file)
         path = Path(o.default_config_file)
         cfg.load(path)
         return ConfigSource(lambda: cfg.load(path), origin=str(path))
     raise UsageError(
-        "no MIG config: CONFIG_FILE is not set, this node has no MIG-capable GPU to generate "
-        "one from, and DEFAULT_CONFIG_FILE is not a file"
+        "no MIG config: CONFIG_FILE is not set, "
+        + (
+            "the GPUs report no MIG profiles to generate one from"
+            if tables
+            else "this node has no MIG-capable GPU to generate one from"
+        )
+        + ", and DEFAULT_CONFIG_FILE is not a file"
     )
 
 

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from gpu_operator import nvml
+from gpu_operator.agents.mig_manager import generate, layout, planner
 from gpu_operator.agents.mig_manager import host as host_mod
-from gpu_operator.agents.mig_manager import layout, planner
 from gpu_operator.nvml import catalog
 from gpu_operator.nvml.catalog import Placement
 
@@ -56,8 +56,27 @@ class Gpus:
             with contextlib.suppress(nvml.NvmlError):
                 lib.shutdown()
 
-    def models(self) -> list[catalog.GpuModel]:
-        return [g.model for g in self.read()]
+    def profiles(self) -> list[generate.GpuProfiles]:
+        """The GPU-instance profiles each MIG-capable GPU's driver reports (for the generated
+        config). GPUs the manager cannot partition (no MIG, or not in the catalog) are left out;
+        a MIG GPU whose profiles cannot be read reports none."""
+        lib = self._lib()
+        try:
+            found = []
+            for index in range(lib.device_count()):
+                device = lib.device_by_index(index)
+                pci = device.pci_info()
+                total_mib = device.memory_info().total >> 20
+                model = model_for(pci.device_id, total_mib)
+                if model is None or not model.mig_capable:
+                    continue
+                found.append(
+                    generate.GpuProfiles(index, pci.device_id, _profiles(device, total_mib))
+                )
+            return found
+        finally:
+            with contextlib.suppress(nvml.NvmlError):
+                lib.shutdown()
 
     def apply(
         self, plan: planner.NodePlan, replan: Callable[[list[planner.GpuState]], planner.NodePlan]
@@ -146,6 +165,27 @@ def _read_gpu(lib: nvml.Nvml, index: int) -> planner.GpuState:
         pci_device_id=pci.device_id,
         pci_subsystem_id=pci.subsystem_id,
     )
+
+
+def _profiles(device: nvml.Device, total_mib: int) -> tuple[generate.Profile, ...]:
+    """Every GPU-instance profile id NVML answers for, named from its slices and memory."""
+    found = []
+    for profile_id in range(catalog.GI_PROFILE_COUNT):
+        try:
+            info = device.gpu_instance_profile_info(profile_id)
+        except nvml.NvmlError:
+            continue  # not offered by this GPU (or this driver)
+        if info.instance_count <= 0 or info.slice_count <= 0:
+            continue
+        name = catalog.mig_profile_name(
+            info.slice_count,
+            info.slice_count,
+            info.memory_size_mb,
+            total_mib,
+            suffix=catalog.profile_suffix(profile_id),
+        )
+        found.append(generate.Profile(profile_id, name, info.slice_count, info.instance_count))
+    return tuple(found)
 
 
 def _opaque_model(device: nvml.Device, pci_device_id: int) -> catalog.GpuModel:
