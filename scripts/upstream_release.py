@@ -29,7 +29,11 @@ VALUES = ROOT / "charts" / "gpu-operator" / "values.yaml"
 CHART = ROOT / "charts" / "gpu-operator" / "Chart.yaml"
 CRDS = ROOT / "charts" / "gpu-operator" / "crds"
 EXAMPLE = ROOT / "examples" / "clusterpolicy-default.yaml"
-CRD_FILES = ("nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml")
+CRD_FILES = (
+    "nvidia.com_clusterpolicies.yaml",
+    "nvidia.com_gpuclusters.yaml",
+    "nvidia.com_nvidiadrivers.yaml",
+)
 IMAGE_KEYS = ("repository", "image", "version")
 _KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.-]+):(?P<rest>.*)$")
 _COMPAT = re.compile(r'(values-compatible-with: )"NVIDIA gpu-operator [^"]*"')

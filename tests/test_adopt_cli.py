@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from gpu_operator import adopt_cli
+from gpu_operator.api import crds
 from gpu_operator.cli import app
+from gpu_operator.operands import adoption
 
 
 def test_adopt_without_dry_run_refuses_and_points_at_the_procedure() -> None:
@@ -34,3 +37,56 @@ def test_image_env_comes_from_the_operator_deployment_before_the_process_env() -
     assert adopt_cli.operator_env([], {"DRIVER_MANAGER_IMAGE": "x", "HOME": "/"}) == {
         "DRIVER_MANAGER_IMAGE": "x"
     }
+
+
+def test_the_table_prints_field_paths_that_look_like_rich_markup_literally(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # one line per row
+    # A volumeMount is keyed by its path: `[/sys/...]` reads as a Rich closing tag.
+    changes = (
+        "spec.template.spec.containers[mig-manager].volumeMounts"
+        "[/sys/devices/system/memory/auto_online_blocks]",
+        "metadata.labels[bold]",
+        "data[/red]",
+    )
+    plan = adoption.AdoptionPlan((
+        adoption.ObjectPlan("DaemonSet", "[/x]", "ns", "patch", "pod template changes: pods "
+                            "roll once", changes=changes, rolls=True, pods_kept=False,
+                            restarts=("[b]pod",)),
+    ), notes=("note with [/sys/thing]",))  # fmt: skip
+    snapshot = adopt_cli.Snapshot([], [], {}, [], {})
+    outcome = adopt_cli.Outcome(snapshot, plan, ["CRD [/crd] has no marker"], [])
+    adopt_cli._print(outcome, "[/policy]")
+    text = capsys.readouterr().out
+    for literal in ("/sys/devices/system/memory/auto_online_blocks]", "metadata.labels[bold]",
+                    "data[/red]", "DaemonSet/[/x]", "[b]pod", "note with [/sys/thing]",
+                    "CRD [/crd] has no marker", "[/policy]"):  # fmt: skip
+        assert literal in text, literal
+    assert "pods that would restart (1): [b]pod" in text
+    assert outcome.exit_code == adopt_cli.EXIT_CRDS
+
+
+def test_nvidias_crds_without_our_marker_must_be_applied_first() -> None:
+    installed = {str(crd["metadata"]["name"]): crd for crd in crds.all_crds().values()}
+    assert adopt_cli.crd_problems(installed) == []
+    nvidias = {
+        name: {**crd, "metadata": {"name": name, "annotations": {
+            "controller-gen.kubebuilder.io/version": "v0.21.0"}}}
+        for name, crd in installed.items() if name != "gpuclusters.nvidia.com"
+    }  # fmt: skip
+    problems = adopt_cli.crd_problems(nvidias)
+    assert problems == [
+        "CRD clusterpolicies.nvidia.com has no nvidia.com/gpu-operator-crd-version marker "
+        f"(NVIDIA's CRDs have none); ours is version {crds.SCHEMA_VERSION}",
+        "CRD gpuclusters.nvidia.com is not installed",
+        "CRD nvidiadrivers.nvidia.com has no nvidia.com/gpu-operator-crd-version marker "
+        f"(NVIDIA's CRDs have none); ours is version {crds.SCHEMA_VERSION}",
+    ]
+    plan = adoption.AdoptionPlan(())
+    outcome = adopt_cli.Outcome(adopt_cli.Snapshot([], [], nvidias, [], {}), plan, problems, [])
+    assert outcome.exit_code == adopt_cli.EXIT_CRDS
+    blocked = adoption.AdoptionPlan((adoption.ObjectPlan("ConfigMap", "c", "ns", "blocked"),))
+    assert adopt_cli.Outcome(outcome.snapshot, blocked, problems, []).exit_code == (
+        adoption.EXIT_BLOCKED
+    )

@@ -48,12 +48,13 @@ def test_version() -> None:
     assert result.output.strip() == f"gpu-operator {gpu_operator.__version__}"
 
 
-def test_crds_to_stdout_are_both_crds() -> None:
+def test_crds_to_stdout_are_all_our_crds() -> None:
     result = runner.invoke(app, ["crds"])
     assert result.exit_code == 0
     docs = list(yaml.safe_load_all(result.stdout))
     assert [d["metadata"]["name"] for d in docs] == [
         "clusterpolicies.nvidia.com",
+        "gpuclusters.nvidia.com",
         "nvidiadrivers.nvidia.com",
     ]
 

@@ -134,7 +134,14 @@ def test_json_output_names_what_pulls_each_image() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     by_image = {entry["image"]: entry["usedBy"] for entry in data["images"]}
-    assert by_image[image_list.OPERATOR_IMAGE] == ["operator"]
+    # The operator image also runs the runtime-config guard next to NVIDIA's toolkit.
+    assert by_image[image_list.OPERATOR_IMAGE] == [
+        "operator",
+        "state-container-toolkit: DaemonSet nvidia-container-toolkit-daemonset "
+        "(runtime-config-guard)",
+        "state-container-toolkit: DaemonSet nvidia-container-toolkit-daemonset "
+        "(runtime-config-save)",
+    ]
     driver = by_image["nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"]
     assert any(u.startswith("state-driver: DaemonSet") for u in driver)
 

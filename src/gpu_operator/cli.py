@@ -73,7 +73,8 @@ def crds(
         None, "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file (default: in-cluster)."
     ),
 ) -> None:
-    """Print the ClusterPolicy and NVIDIADriver CRDs generated from the models, or install them."""
+    """Print our CRDs generated from the models (ClusterPolicy, NVIDIADriver, and NVIDIA's
+    GPUCluster, which ours does not reconcile yet), or install them."""
     generated = crd_gen.all_crds()
     if sum((out is not None, apply, delete)) > 1:
         err.print("error: --out, --apply and --delete exclude each other")
@@ -492,6 +493,18 @@ def demo_command(
     chart: Path | None = typer.Option(
         None, "--chart", help="The chart to install (default: charts/gpu-operator of the checkout)."
     ),
+    sets: list[str] = typer.Option(
+        [],
+        "--set",
+        help="KEY=VALUE for `helm install --set` (repeatable; --install helm), e.g. "
+        "agents.builtin=true.",
+    ),
+    nvidia_toolkit: bool = typer.Option(
+        False,
+        "--nvidia-toolkit",
+        help="Toolkit pods of NVIDIA's image behave as NVIDIA's toolkit (it rewrites the "
+        "runtime config and leaves it so) instead of running our agent.",
+    ),
 ) -> None:
     """Run the operator on a simulated cluster with mock GPUs and show it converge."""
     # Imported here: the demo loads the simulated cluster, which no other command needs.
@@ -529,8 +542,8 @@ def demo_command(
     if mode is InstallMode.helm and policy is not None:
         err.print("error: --policy needs --install in-process; with helm, pass --values FILE")
         raise typer.Exit(2)
-    if mode is InstallMode.in_process and (values or chart is not None):
-        err.print("error: --values and --chart need --install helm")
+    if mode is InstallMode.in_process and (values or sets or chart is not None):
+        err.print("error: --values and --chart need --install helm (and so does --set)")
         raise typer.Exit(2)
     for path in values:
         if not path.is_file():
@@ -541,6 +554,8 @@ def demo_command(
         fleet=chosen,
         install=mode.value,
         values=list(values),
+        sets=list(sets),
+        nvidia_toolkit=nvidia_toolkit,
         chart=chart,
         policy=body,
         objects=extra,

@@ -171,7 +171,8 @@ def from_documents(
 
 
 def operator_env(documents: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """The `*_IMAGE` fallbacks the chart gives the operator (its Deployment's env)."""
+    """The `*_IMAGE` fallbacks the chart gives the operator (its Deployment's env), and its
+    RUNTIME_CONFIG_GUARD (whether the toolkit pods run the guard, which pulls our image)."""
     env: dict[str, str] = {}
     for doc in documents:
         if doc.get("kind") != "Deployment":
@@ -181,6 +182,9 @@ def operator_env(documents: Sequence[Mapping[str, Any]]) -> dict[str, str]:
             if "controller" not in (container.get("command") or []):
                 continue
             for item in container.get("env") or []:
-                if str(item.get("name", "")).endswith("_IMAGE") and item.get("value"):
+                name = str(item.get("name", ""))
+                if (name.endswith("_IMAGE") or name == "RUNTIME_CONFIG_GUARD") and item.get(
+                    "value"
+                ):
                     env[str(item["name"])] = str(item["value"])
     return env

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
-from gpu_operator import api
+from gpu_operator import __version__, api
 from gpu_operator.api import keys, manifests, upstream_release
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.nodes import labelling
@@ -27,6 +27,14 @@ from gpu_operator.operands.facts import ClusterFacts
 DEFAULT_OPERATOR_ENV: dict[str, str] = {
     **upstream_release.current().operator_env(),
     "CUDA_BASE_IMAGE": "nvcr.io/nvidia/cuda:13.0.1-base-ubi9",
+}
+# What the chart's operator Deployment adds to that environment by default (ours, not NVIDIA's):
+# its own image, so operands pointed at it run our agents with what they need
+# (operands/builtin.py), and the runtime-config guard next to NVIDIA's toolkit
+# (operands/container_toolkit.py).
+CHART_OPERATOR_ENV: dict[str, str] = {
+    "OPERATOR_IMAGE": f"ghcr.io/gpu-operator-py/gpu-operator:{__version__}",
+    "RUNTIME_CONFIG_GUARD": "true",
 }
 RUNTIME_VERSIONS = {
     "containerd": "containerd://2.0.5",
@@ -142,7 +150,7 @@ def cluster_facts(
     return facts_mod.from_nodes(
         _pool_nodes(facts_file),
         namespace=namespace or facts_file.namespace or "gpu-operator",
-        operator_env={**DEFAULT_OPERATOR_ENV, **facts_file.operator_env},
+        operator_env={**DEFAULT_OPERATOR_ENV, **CHART_OPERATOR_ENV, **facts_file.operator_env},
         has_servicemonitor_crd=facts_file.service_monitor_crd,
         has_prometheusrule_crd=facts_file.prometheus_rule_crd,
         config_map_keys=known,

@@ -793,8 +793,10 @@ def record_update(
     walk = _Walk()
     changes = compare(before, new, shape, walk)
     if changes.same():
-        if managers:
-            meta["managedFields"] = encode_managers(managers)
+        # Entries left owning nothing (a client's `[{}]` clears them all) are not kept.
+        encoded = encode_managers(managers) if managers else []
+        if encoded:
+            meta["managedFields"] = encoded
         else:
             meta.pop("managedFields", None)
         return

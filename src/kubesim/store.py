@@ -642,7 +642,17 @@ class Store:
                     meta[field] = old_meta[field]
                 else:
                     meta.pop(field, None)
-            if not keep_managed_fields or "managedFields" not in meta:
+            # A client's update or patch may set managedFields itself (the documented way to
+            # drop a manager's entries): a non-empty list replaces the stored one; an absent or
+            # empty one keeps it, so clients that do not know the field never lose it.
+            overwrite = (
+                bool(manager)
+                and isinstance(meta.get("managedFields"), list)
+                and bool(meta.get("managedFields"))
+            )
+            if overwrite and not keep_managed_fields:
+                pass
+            elif not keep_managed_fields or "managedFields" not in meta:
                 if "managedFields" in old_meta:
                     meta["managedFields"] = old_meta["managedFields"]
                 else:

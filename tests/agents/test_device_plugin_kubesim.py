@@ -121,7 +121,7 @@ def phase(sim: kubesim.Cluster, name: str) -> str | None:
 async def test_allocatable_follows_the_plugin_and_drops_on_an_xid(
     sim: kubesim.Cluster,
 ) -> None:
-    machine = mock.MockMachine.from_preset("t4x4")
+    machine = mock.MockMachine.from_preset("t4x4", driver="570.195.03")  # R565+: recovery action
     async with Plugin(sim, machine):
         await sim.wait_for(lambda: allocatable(sim) == "4", timeout=WAIT)
         # The XID-to-allocatable time is bench/device_plugin_bench.py's figure (target 100 ms).

@@ -168,7 +168,8 @@ async def test_registers_one_plugin_per_resource_with_v1beta1_and_preferred_allo
 async def test_list_and_watch_streams_health_changes_within_100_ms_of_the_xid(
     short_dir: Path, kubelet: FakeKubelet
 ) -> None:
-    machine = mock.MockMachine.from_preset("t4x4")
+    # An R565+ driver: the recovery-action field tells when the reset cleared the XID.
+    machine = mock.MockMachine.from_preset("t4x4", driver="570.195.03")
     async with Running(manager.Manager(make_settings(short_dir), machine.nvml)) as run:
         await kubelet.wait_registered(1)
         await within(run.manager.state.serving.wait(), "the plugin to serve", WAIT)

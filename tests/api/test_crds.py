@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from gpu_operator.api import ClusterPolicy, NVIDIADriver, crds, structural
 from gpu_operator.api.fields import TypeInfo, describe
+from gpu_operator.api.gpucluster import GPUCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = crds.all_crds()
@@ -170,10 +171,11 @@ def model_strategy(model: type[BaseModel], depth: int) -> st.SearchStrategy[dict
 @pytest.mark.parametrize(
     ("model", "filename"),
     [(ClusterPolicy, "nvidia.com_clusterpolicies.yaml"),
-     (NVIDIADriver, "nvidia.com_nvidiadrivers.yaml")],
+     (NVIDIADriver, "nvidia.com_nvidiadrivers.yaml"),
+     (GPUCluster, "nvidia.com_gpuclusters.yaml")],
 )  # fmt: skip
 def test_any_instance_validates_against_its_own_schema(
-    model: type[ClusterPolicy] | type[NVIDIADriver], filename: str
+    model: type[ClusterPolicy] | type[NVIDIADriver] | type[GPUCluster], filename: str
 ) -> None:
     validator = jsonschema.Draft7Validator(schema_of(GENERATED[filename]))
 
@@ -254,3 +256,30 @@ def test_unreadable_and_missing_markers_are_explained() -> None:
 
 def test_the_generated_crds_are_not_older_than_themselves() -> None:
     assert not any(crds.is_older(crd) for crd in GENERATED.values())
+
+
+def test_the_gpucluster_crd_is_nvidias_singleton_shape() -> None:
+    crd = GENERATED["nvidia.com_gpuclusters.yaml"]
+    assert crd["metadata"]["name"] == "gpuclusters.nvidia.com"
+    assert crd["spec"]["scope"] == "Cluster"
+    assert crd["spec"]["names"]["shortNames"] == ["gc"]
+    [version] = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    root = version["schema"]["openAPIV3Schema"]
+    assert root["x-kubernetes-validations"] == [
+        {"rule": "self.metadata.name == 'gpu-cluster'",
+         "message": "GPUCluster is a singleton, metadata.name must be 'gpu-cluster'"}
+    ]  # fmt: skip
+    spec = root["properties"]["spec"]
+    assert spec["required"] == ["draDriver"]
+    dra = spec["properties"]["draDriver"]["properties"]
+    assert dra["computeDomains"]["properties"]["enabled"]["default"] is True
+    port = dra["gpus"]["properties"]["kubeletPlugin"]["properties"]["healthcheck"]["properties"]
+    assert (port["port"]["minimum"], port["port"]["maximum"]) == (1, 65535)
+    host = spec["properties"]["hostPaths"]["properties"]
+    assert host["kubeletRootDir"]["default"] == "/var/lib/kubelet"
+    # The sections ClusterPolicy shares carry no server-side default NVIDIA's lack (an `enabled`
+    # default would switch DCGM on for NVIDIA's operator after a swap back).
+    assert "default" not in spec["properties"]["dcgm"]["properties"]["enabled"]
+    assert "default" not in spec["properties"]["dcgmExporter"]["properties"]["enabled"]

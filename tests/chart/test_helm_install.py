@@ -30,7 +30,7 @@ pytestmark = [needs_helm, needs_kubectl, pytest.mark.slow]
 
 NFD_CHART = CHART / "charts" / "node-feature-discovery"
 CP = "clusterpolicies.nvidia.com"
-OUR_CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com")
+OUR_CRDS = ("clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com")
 NFD_CRDS = tuple(f"{p}.nfd.k8s-sigs.io" for p in ("nodefeatures", "nodefeaturerules",
                                                   "nodefeaturegroups"))  # fmt: skip
 GPU_NODES = ("dgx-a100-1", "t4-1")
@@ -189,3 +189,66 @@ async def test_aks_values_with_nfd_from_the_network_operator_reach_ready(tmp_pat
             assert keys.GPU_PRESENT not in labels(sim, node)
             # NFD keeps running (it is the Network Operator's): its labels stay.
             assert labels(sim, node)[keys.NFD_GPU_LABELS[0]] == "true"
+
+
+async def test_the_swap_commands_hand_the_operands_from_one_release_to_the_next_in_place() -> None:
+    """docs/swap-in.md's Helm steps, on our chart (they are the same for NVIDIA's: the Helm
+    mechanics do not depend on the chart): the live `helm.sh/resource-policy: keep` annotation
+    keeps the ClusterPolicy when an upgrade drops it from the release, `helm uninstall
+    --no-hooks` then leaves the operands and the node labels, and the next release's `helm
+    install` adopts the kept ClusterPolicy. No operand pod is deleted on the way."""
+    async with chart_cluster() as sim:
+        helm = install.Helm(sim.kubeconfig_path, binary=HELM)
+        code, out = await helm.install(CHART, wait="3m")
+        assert code == 0, out
+        await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=60, message="ready")
+        policy_uid = (sim.store.get(CP, "cluster-policy") or {})["metadata"]["uid"]
+
+        def operand_pods() -> set[str]:
+            """Pods of the operand DaemonSets (those the ClusterPolicy owns)."""
+            owned = {
+                d["metadata"]["uid"]
+                for d in sim.store.list("daemonsets", NAMESPACE)
+                if any(
+                    o.get("uid") == policy_uid for o in d["metadata"].get("ownerReferences") or []
+                )
+            }
+            return {
+                p["metadata"]["uid"]
+                for p in sim.store.list("pods", NAMESPACE)
+                if any(o.get("uid") in owned for o in p["metadata"].get("ownerReferences") or [])
+            }
+
+        before = operand_pods()
+        assert len(before) >= 2 * len(GPU_NODES)  # the driver and the plugins at least
+        deploy = {n: labels(sim, n) for n in GPU_NODES}
+
+        await kubectl(sim, "annotate", "clusterpolicy", "cluster-policy",
+                      "helm.sh/resource-policy=keep")  # fmt: skip
+        code, out = await helm.run(
+            "upgrade", "gpu-operator", str(CHART), "--reuse-values",
+            "--set", "clusterPolicy.deployCR=false", "--wait", "--timeout", "3m",
+        )  # fmt: skip
+        assert code == 0, out
+        code, out = await helm.run(
+            "uninstall", "gpu-operator", "--no-hooks", "--wait", "--timeout", "3m"
+        )
+        assert code == 0, out
+        await sim.wait_for(
+            lambda: not pods(sim, "app.kubernetes.io/component=gpu-operator"),
+            timeout=60, message="the operator gone",
+        )  # fmt: skip
+        kept = sim.store.get(CP, "cluster-policy") or {}
+        assert kept["metadata"]["uid"] == policy_uid
+        assert before <= operand_pods()
+        for node in GPU_NODES:
+            assert {k: v for k, v in labels(sim, node).items() if k.startswith("nvidia.com/")} == {
+                k: v for k, v in deploy[node].items() if k.startswith("nvidia.com/")
+            }
+
+        code, out = await helm.install(CHART, wait="3m")  # the next release adopts the policy
+        assert code == 0, out
+        await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=60, message="ready")
+        assert (sim.store.get(CP, "cluster-policy") or {})["metadata"]["uid"] == policy_uid
+        assert before <= operand_pods()
+        assert not sim.auth.denials, list(sim.auth.denials)

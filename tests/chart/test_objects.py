@@ -125,11 +125,14 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_crd_writes(render: Any) ->
     for verb in ("create", "update", "patch", "delete"):
         assert named(cluster, "apiextensions.k8s.io", "customresourcedefinitions", verb) == set()
     assert named(cluster, "", "namespaces", "patch") == {"gpu-operator"}
-    # The CRD hooks may touch only our two CRDs.
+    # The CRD hooks may touch only our CRDs.
     for job in ("gpu-operator-upgrade-crd", "gpu-operator-cleanup-crd"):
         (hook_rule,) = rendered.one("ClusterRole", job)["rules"]
         assert set(hook_rule["resourceNames"]) == {
-            "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"}  # fmt: skip
+            "clusterpolicies.nvidia.com",
+            "gpuclusters.nvidia.com",
+            "nvidiadrivers.nvidia.com",
+        }
 
 
 def test_every_rbac_rule_says_why() -> None:

@@ -79,7 +79,7 @@ async def test_apply_installs_then_upgrades_an_old_crd_without_conflicts(
         again = await crd_install.apply(client, crds.all_crds().values())
     finally:
         await client.close()
-    assert names == again == [CP_CRD, "nvidiadrivers.nvidia.com"]
+    assert names == again == [CP_CRD, "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com"]
     installed = sim.store.get("customresourcedefinitions", CP_CRD)
     assert installed is not None
     assert not crds.is_older(installed)
@@ -102,7 +102,8 @@ async def test_crds_command_applies_and_deletes_with_the_hook_jobs_rbac(
         f"customresourcedefinition/{CP_CRD} applied (schema version {crds.SCHEMA_VERSION})" in out
     )
     assert sim.store.get("customresourcedefinitions", "nvidiadrivers.nvidia.com") is not None
-    # The upgrade hook's account may touch only our two CRDs, and may not delete them.
+    assert sim.store.get("customresourcedefinitions", "gpuclusters.nvidia.com") is not None
+    # The upgrade hook's account may touch only our CRDs, and may not delete them.
     code, out = await run(str(KUBECTL), "delete", "crd", CP_CRD, sim=sim, kubeconfig=upgrade)
     assert code != 0
     assert "cannot delete resource" in out

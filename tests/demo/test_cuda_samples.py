@@ -13,7 +13,9 @@ ALL = Visible(all=True)
 
 
 def _machine() -> mock.MockMachine:
-    return mock.MockMachine.from_preset("dgx-a100", seed=1)
+    # An R565+ driver: the simulated launch reads the recovery-action field, which older
+    # drivers do not have.
+    return mock.MockMachine.from_preset("dgx-a100", seed=1, driver="570.195.03")
 
 
 def test_vector_add_passes_on_a_healthy_gpu() -> None:

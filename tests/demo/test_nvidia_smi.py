@@ -12,7 +12,7 @@ import pytest
 
 from gpu_operator.demo import gpu_faults, nvidia_smi
 from gpu_operator.demo.processes import ProcessTable
-from gpu_operator.nvml import mock
+from gpu_operator.nvml import catalog, mock
 
 NOW = dt.datetime(2026, 11, 22, 20, 39, 38)
 A100 = nvidia_smi.GpuRow(
@@ -251,3 +251,99 @@ def test_signals_reach_only_processes_of_a_pod_sharing_its_namespace() -> None:
     assert got == [1]
     assert table.signaller(shared).signal("nvidia-device-plugin", 1) is False
     assert table.pods == {}
+
+
+# ----- the read-only listings scripts/gpu-check compares with ---------------------------------
+
+ALL = nvidia_smi.Visible(all=True)
+
+
+def test_query_gpu_writes_csv_with_units_unless_told_otherwise() -> None:
+    _, lib = _lib("t4x4")
+    fields = "--query-gpu=index,name,memory.total,power.draw,mig.mode.current"
+    code, text = nvidia_smi.run(lib, ALL, [fields, "--format=csv"], NOW)
+    assert code == 0
+    lines = text.splitlines()
+    assert lines[0] == "index, name, memory.total [MiB], power.draw [W], mig.mode.current"
+    assert len(lines) == 5
+    assert lines[1].startswith("0, Tesla T4, 15360 MiB, ")
+    assert lines[1].endswith(" W, [N/A]")  # T4 has no MIG mode
+    bare = ["--query-gpu=index,memory.total,mig.mode.current", "--format=csv,noheader,nounits"]
+    assert nvidia_smi.run(lib, ALL, bare, NOW)[1].splitlines()[3] == "3, 15360, [N/A]"
+
+
+def test_query_gpu_reports_memory_as_v2_and_mig_mode_where_there_is_one() -> None:
+    _, lib = _lib("dgx-h100")
+    args = ["--query-gpu=memory.total,memory.used,memory.free,memory.reserved,mig.mode.current",
+            "--format=csv,noheader,nounits"]  # fmt: skip
+    code, text = nvidia_smi.run(lib, ALL, args, NOW)
+    assert code == 0
+    total, used, free, reserved, mode = text.splitlines()[0].split(", ")
+    assert int(used) + int(free) + int(reserved) == int(total) == 81559
+    assert mode == "Disabled"
+
+
+def test_query_gpu_refuses_what_nvidia_smi_refuses() -> None:
+    _, lib = _lib("t4x4")
+    unknown = ["--query-gpu=index,fan.speedy", "--format=csv"]
+    assert nvidia_smi.run(lib, ALL, unknown, NOW) == (
+        2,
+        'Field "fan.speedy" is not a valid field to query.\n',
+    )
+    assert nvidia_smi.run(lib, ALL, ["--query-gpu=index"], NOW)[0] == 2
+    assert nvidia_smi.run(lib, ALL, ["--query-gpu=index", "--format=xml"], NOW)[0] == 2
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [line.strip("| ").split() for line in text.splitlines() if " MIG " in line]
+
+
+def test_mig_listings_show_profiles_instances_and_compute_instances() -> None:
+    _, lib = _lib("dgx-a100-mig-mixed")
+    lib.init()
+    gpu = lib.device_by_index(0)
+    code, text = nvidia_smi.run(lib, ALL, ["mig", "-lgip"], NOW)
+    assert code == 0
+    assert "GPU instance profiles:" in text
+    profiles = [row for row in _rows(text) if row[0] == "0"]
+    names = [row[2] for row in profiles]
+    assert names == ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb", "1g.5gb+me", "1g.10gb"]
+    two_g = gpu.gpu_instance_profile_info(catalog.GI_PROFILE_2_SLICE)
+    assert profiles[1][3] == str(two_g.id)  # NVML's own profile id, as the real tool prints
+    assert profiles[1][4] == "0/3"  # the 2g.10gb instance's placement leaves room for no other
+    code, text = nvidia_smi.run(lib, ALL, ["mig", "-lgi"], NOW)
+    assert code == 0
+    instances = _rows(text)
+    assert len(instances) == 32  # 4 GPU instances on each of 8 GPUs
+    gi = gpu.gpu_instances(catalog.GI_PROFILE_3_SLICE)[0].info()
+    row = ["0", "MIG", "3g.20gb", str(gi.profile_id), str(gi.id), f"{gi.placement.start}:4"]
+    assert row in instances
+    code, text = nvidia_smi.run(lib, ALL, ["mig", "-lci"], NOW)
+    assert code == 0
+    compute = _rows(text)
+    assert len(compute) == 32
+    assert all(len(row) == 7 and row[2] == "MIG" for row in compute)
+
+
+def test_mig_listings_say_when_there_is_nothing_to_list() -> None:
+    _, lib = _lib("t4x4")
+    expected = (6, "No MIG-enabled devices found.\n")
+    assert nvidia_smi.run(lib, ALL, ["mig", "-lgip"], NOW) == expected
+    machine, lib = _lib("dgx-a100")
+    lib.init()
+    lib.device_by_index(0).set_mig_mode(True)
+    machine.reset(0)  # MIG on, no instances yet
+    code, text = nvidia_smi.run(lib, ALL, ["mig", "-lgi"], NOW)
+    assert (code, text) == (6, "No GPU instances found: Not Found\n")
+    assert nvidia_smi.run(lib, ALL, ["mig", "-lci"], NOW)[0] == 6
+    assert nvidia_smi.run(lib, ALL, ["mig", "-lgip"], NOW)[0] == 0
+
+
+def test_the_program_runs_on_a_preset_from_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert nvidia_smi.main(["--machine", "t4x4", "-L"]) == 0
+    assert capsys.readouterr().out.count("Tesla T4 (UUID: GPU-") == 4
+    assert nvidia_smi.main(["--machine", "t4x4", "-r", "-i", "0"]) == 4  # resets are refused
+    assert nvidia_smi.main(["--machine", "no-such-box", "-L"]) == 2
+    assert "no-such-box" in capsys.readouterr().err

@@ -1020,3 +1020,52 @@ def test_apply_then_read_shows_the_configuration_and_reapplying_it_is_a_no_op(
         assert store.resource_version == version
         assert again.obj == stored.obj
     assert refused in ([], [422])
+
+
+# ----- taking fields over from another manager (docs/swap-in.md) --------------------------------
+
+
+async def test_an_env_var_with_value_and_value_from_is_422_like_kube_apiserver(api: Api) -> None:
+    # The previous writer (an Update manager) set `valueFrom`; an apply that sets `value` keeps
+    # it (server-side apply never removes another manager's field): the merged object is invalid.
+    ds = daemonset("swap")
+    container(ds)["env"] = [
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    ]
+    await api.ok("POST", DS, ds, params={"fieldManager": "gpu-operator"})
+    config = daemonset("swap")
+    container(config)["env"] = [{"name": "NS", "value": "gpu-operator"}]
+    status, body = await applied(api, f"{DS}/swap", config, "gpu-operator", force="true")
+    assert status == 422, body
+    assert body["reason"] == "Invalid"
+    assert body["message"] == (
+        'DaemonSet.apps "swap" is invalid: spec.template.spec.containers[0].env[0].valueFrom: '
+        'Invalid value: "": may not be specified when `value` is not empty'
+    )
+    assert container(await api.ok("GET", f"{DS}/swap"))["env"][0].get("value") is None
+
+
+async def test_an_update_or_patch_may_rewrite_managed_fields_as_on_the_real_server(
+    api: Api,
+) -> None:
+    await api.ok("POST", CM, configmap("mf"), params={"fieldManager": "before"})
+    config = {**configmap("mf"), "data": {"k": "v", "mine": "1"}}
+    body = await api.ok("PATCH", f"{CM}/mf", config, ctype=APPLY,
+                        params={"fieldManager": "after", "force": "true"})  # fmt: skip
+    assert {e["manager"] for e in body["metadata"]["managedFields"]} == {"before", "after"}
+    kept = [e for e in body["metadata"]["managedFields"] if e["manager"] == "after"]
+    # A JSON patch of managedFields alone replaces the entries and changes nothing else.
+    version = body["metadata"]["resourceVersion"]
+    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": version},
+           {"op": "replace", "path": "/metadata/managedFields", "value": kept}]  # fmt: skip
+    patched = await api.ok("PATCH", f"{CM}/mf", ops, ctype=JSONP, params={"fieldManager": "x"})
+    assert [e["manager"] for e in patched["metadata"]["managedFields"]] == ["after"]
+    assert patched["data"] == body["data"]
+    # An empty list is what clients that do not know the field send: the entries stay.
+    again = {**patched, "metadata": {**patched["metadata"], "managedFields": []}}
+    kept_body = await api.ok("PUT", f"{CM}/mf", again, params={"fieldManager": "x"})
+    assert [e["manager"] for e in kept_body["metadata"]["managedFields"]] == ["after"]
+    # One empty entry clears them all.
+    cleared = {**kept_body, "metadata": {**kept_body["metadata"], "managedFields": [{}]}}
+    stripped = await api.ok("PUT", f"{CM}/mf", cleared, params={"fieldManager": "x"})
+    assert "managedFields" not in stripped["metadata"]

@@ -371,19 +371,27 @@ def test_bad_profile_ids_and_placements() -> None:
 
 
 def test_profile_info_and_placements() -> None:
-    machine, lib = open_machine("dgx-a100")
+    _machine, lib = open_machine("dgx-a100")
     dev = lib.device_by_index(0)
     info = dev.gpu_instance_profile_info(catalog.GI_PROFILE_3_SLICE)
     assert (info.name, info.slice_count, info.instance_count, info.memory_size_mb) == (
         "MIG 3g.20gb", 3, 2, 19968,
     )  # fmt: skip
-    with pytest.raises(nvml.NotSupported):
-        dev.gpu_instance_possible_placements(catalog.GI_PROFILE_3_SLICE)
-    enable_mig(machine, lib)
+    # R550 drivers answer profile and placement queries with MIG off (NVML change log)...
     assert dev.gpu_instance_possible_placements(catalog.GI_PROFILE_3_SLICE) == [
         Placement(0, 4),
         Placement(4, 4),
     ]
+    # ...older ones only with MIG on.
+    old = mock.MockMachine.from_preset("dgx-a100", driver="535.183.01")
+    old_lib = old.nvml()
+    old_lib.init()
+    old_dev = old_lib.device_by_index(0)
+    for query in (old_dev.gpu_instance_possible_placements, old_dev.gpu_instance_profile_info):
+        with pytest.raises(nvml.NotSupported):
+            query(catalog.GI_PROFILE_3_SLICE)
+    enable_mig(old, old_lib)
+    assert old_dev.gpu_instance_profile_info(catalog.GI_PROFILE_3_SLICE).slice_count == 3
 
 
 # -- compute instances and MIG devices --------------------------------------------------------
@@ -446,7 +454,9 @@ def test_mig_device_handles_and_attributes() -> None:
     assert three.memory_info().total == 19968 << 20
     assert three.parent().uuid() == gpu.uuid()
     gi = gpu.gpu_instance_by_id(three.gpu_instance_id())
-    assert gi.info().profile_id == catalog.GI_PROFILE_3_SLICE
+    # NVML reports the profile's internal id (lgip's ID column, 9 for 3g), not the enum.
+    assert gi.info().profile_id == 9
+    assert gpu.gpu_instance_profile_info(catalog.GI_PROFILE_3_SLICE).id == 9
     with pytest.raises(nvml.NotSupported):
         three.mig_mode()
     with pytest.raises(nvml.NotSupported):
@@ -478,6 +488,10 @@ def test_telemetry_follows_load_and_is_deterministic() -> None:
     machine.start_process(0, 100, used_memory_mib=40000, load=100)
     busy = dev.utilization().gpu
     assert busy >= 80
+    # The instant reading has the load at once; NVML's power usage averages the last second.
+    assert dev.power_usage_instant() > idle_power + 400_000
+    assert dev.power_usage() < dev.power_usage_instant()
+    clock.now += 1.0
     assert dev.power_usage() > idle_power + 400_000
     assert dev.temperature() > idle_temp + 25
     assert dev.clock(nvml.ClockType.SM) == 1980

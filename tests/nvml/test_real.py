@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -100,6 +101,146 @@ def test_real_gpu_read_only_facts() -> None:
 
 
 @pytest.mark.gpu
+def test_real_gpu_memory_reports_reserved_apart() -> None:
+    """R4 on hardware: memory v2's parts add up, and nothing counts the reserved part twice."""
+    lib = _real_or_skip()
+    try:
+        for i in range(lib.device_count()):
+            info = lib.device_by_index(i).memory_info()
+            assert info.total > 0
+            assert info.free + info.used + info.reserved == pytest.approx(info.total, abs=4 << 20)
+    finally:
+        lib.shutdown()
+
+
+@pytest.mark.gpu
+def test_real_gpu_profile_ids_and_names_match_nvml() -> None:
+    """R1 on hardware: each GPU-instance profile NVML lists has its own internal id, and our
+    naming rule gives the name NVML gives it (`MIG 1g.18gb`, `MIG 1g.18gb+me`). Needs MIG mode
+    on where the driver is older than R550; skipped on GPUs without MIG."""
+    from gpu_operator.nvml import catalog
+
+    lib = _real_or_skip()
+    try:
+        checked = 0
+        for i in range(lib.device_count()):
+            dev = lib.device_by_index(i)
+            try:
+                dev.mig_mode()
+            except nvml.NotSupported:
+                continue
+            total_mib = dev.memory_info().total >> 20
+            ids = []
+            for enum in range(catalog.GI_PROFILE_COUNT):
+                try:
+                    info = dev.gpu_instance_profile_info(enum)
+                except (nvml.NotSupported, nvml.InvalidArgument):
+                    continue
+                ids.append(info.id)
+                ours = catalog.mig_profile_name(
+                    info.slice_count,
+                    info.slice_count,
+                    info.memory_size_mb,
+                    total_mib,
+                    suffix=catalog.profile_suffix(enum),
+                )
+                assert info.name.removeprefix("MIG ") == ours, (enum, info)
+                checked += 1
+            assert len(ids) == len(set(ids)), ids
+        if not checked:
+            pytest.skip("no GPU lists MIG profiles (no MIG, or MIG off on a pre-R550 driver)")
+    finally:
+        lib.shutdown()
+
+
+@pytest.mark.gpu
+def test_real_gpu_mig_device_names_match_nvml() -> None:
+    """R1 on hardware: our name for every existing MIG device equals the profile in the name
+    NVML gives the device. Skipped where no GPU has MIG devices (configure them beforehand)."""
+    from gpu_operator.nvml import migname
+
+    lib = _real_or_skip()
+    try:
+        seen = 0
+        for i in range(lib.device_count()):
+            dev = lib.device_by_index(i)
+            try:
+                if not dev.mig_mode().current:
+                    continue
+            except nvml.NotSupported:
+                continue
+            total_mib = dev.memory_info().total >> 20
+            enums = migname.profile_enums(dev)
+            for j in range(dev.max_mig_device_count()):
+                try:
+                    mig = dev.mig_device_by_index(j)
+                except nvml.NotFound:
+                    continue
+                ours = migname.device_profile(dev, mig, total_mib, enums)
+                assert mig.name().rsplit(" MIG ", 1)[-1] == ours
+                seen += 1
+        if not seen:
+            pytest.skip("no MIG devices on this machine")
+    finally:
+        lib.shutdown()
+
+
+@pytest.mark.gpu
+def test_real_gpu_optional_readings_answer_or_say_not_supported() -> None:
+    """R5, R9, R11, R15 on hardware: the readings that depend on the driver branch or the GPU
+    either answer sensibly or raise NotSupported, never another error."""
+    from gpu_operator.nvml import protocol as p
+
+    lib = _real_or_skip()
+    try:
+        dev = lib.device_by_index(0)
+        with contextlib.suppress(nvml.NotSupported):  # drivers before R565
+            assert isinstance(dev.gpu_recovery_action(), p.RecoveryAction)
+        with contextlib.suppress(nvml.NotSupported):
+            assert dev.power_usage_instant() > 0
+        with contextlib.suppress(nvml.NotSupported):
+            assert dev.fabric_info().state in range(4)
+        events = lib.event_set()
+        try:
+            mask = p.EventType.XID_CRITICAL & dev.supported_event_types()
+            if mask:
+                events.register(dev, mask)
+                with pytest.raises(nvml.Timeout):
+                    events.wait(100)
+        finally:
+            events.free()
+    finally:
+        lib.shutdown()
+
+
+@pytest.mark.gpu
+def test_real_gpu_performance_monitoring_gives_activity() -> None:
+    """R7 on hardware: two GPM samples give a graphics activity within 0..100 (Hopper and
+    later; skipped elsewhere)."""
+    import time
+
+    from gpu_operator.nvml import protocol as p
+
+    lib = _real_or_skip()
+    try:
+        dev = lib.device_by_index(0)
+        try:
+            first = dev.gpm_sample()
+        except nvml.NotSupported:
+            pytest.skip("no GPU performance monitoring on this GPU")
+        time.sleep(0.2)
+        second = dev.gpm_sample()
+        try:
+            values = lib.gpm_metrics(first, second, [p.GpmMetric.GRAPHICS_UTIL])
+        finally:
+            first.free()
+            second.free()
+        assert 0.0 <= values[p.GpmMetric.GRAPHICS_UTIL] <= 100.0
+    finally:
+        lib.shutdown()
+
+
+@pytest.mark.gpu
 def test_real_gpu_feeds_feature_discovery() -> None:
     from gpu_operator.agents import plugin_config as pc
     from gpu_operator.agents.gfd import facts, labels
@@ -111,3 +252,5 @@ def test_real_gpu_feeds_feature_discovery() -> None:
         lib.shutdown()
     got = labels.compute_labels(node, pc.PluginConfig(), labels.LabelOptions(0))
     assert int(got["nvidia.com/gpu.count"]) >= 1
+    assert int(got["nvidia.com/gpu.memory"]) > 0
+    assert got["nvidia.com/gpu.product"]

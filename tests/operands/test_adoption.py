@@ -163,3 +163,70 @@ def test_keyed_lists_compare_by_key_and_atomic_lists_as_a_whole() -> None:
     assert adoption.differences({"spec": {"containers": [{"name": "c"}]}}, live) == [
         "spec.containers[c]"
     ]
+
+
+# ----- with the API server's answer to a dry run of each write ----------------------------------
+
+
+def pod_of(ds: Obj, name: str) -> Obj:
+    owner = {"kind": "DaemonSet", "name": ds["metadata"]["name"], "uid": ds["metadata"]["uid"]}
+    return {"metadata": {"name": name, "ownerReferences": [owner]}}
+
+
+def test_a_write_the_api_server_refuses_is_blocked_with_its_reason() -> None:
+    desired = rendered()
+    plugin = find(desired, "DaemonSet", "nvidia-device-plugin-daemonset")
+    message = (
+        'DaemonSet.apps "nvidia-device-plugin-daemonset" is invalid: spec.template.spec.'
+        'containers[0].env[3].valueFrom: Invalid value: "": may not be specified when `value` '
+        "is not empty"
+    )
+    key = ("DaemonSet", plugin["metadata"]["namespace"], plugin["metadata"]["name"])
+    live = [as_upstream(o) for o in desired]
+    result = adoption.plan(
+        desired, live, policy_uid="cp-uid", trials={key: adoption.Trial(rejected=message)}
+    )
+    [plan] = [o for o in result.objects if o.name == "nvidia-device-plugin-daemonset"]
+    assert plan.verdict == "blocked"
+    assert message in plan.reason
+    assert result.exit_code == adoption.EXIT_BLOCKED
+    created = adoption.plan_object(plugin, None, adoption.Trial(rejected=message))
+    assert created.verdict == "blocked"
+
+
+def test_the_servers_result_says_which_pods_restart() -> None:
+    desired = rendered()
+    plugin = find(desired, "DaemonSet", "nvidia-device-plugin-daemonset")
+    live = as_upstream(plugin)
+    result = copy.deepcopy(live)
+    container = result["spec"]["template"]["spec"]["containers"][0]
+    container.setdefault("env", []).append({"name": "ADDED", "value": "1"})
+    pods = [pod_of(live, "plugin-b"), pod_of(live, "plugin-a"), {"metadata": {"name": "other"}}]
+    plan = adoption.plan_object(plugin, live, adoption.Trial(result=result), pods)
+    assert plan.verdict == "patch"
+    assert plan.rolls
+    assert plan.restarts == ("plugin-a", "plugin-b")
+    assert plan.changes == (f"spec.template.spec.containers[{container['name']}].env[ADDED]",)
+    # What the server would store equals what runs: adopted, whatever the model thinks.
+    same = adoption.plan_object(plugin, live, adoption.Trial(result=copy.deepcopy(live)), pods)
+    assert same.verdict == "adopt"
+    assert same.restarts == ()
+
+
+def test_a_driver_template_change_restarts_drivers_only_with_auto_upgrade() -> None:
+    desired = rendered()
+    live = as_upstream(driver(desired))
+    result = copy.deepcopy(live)
+    result["spec"]["template"]["metadata"]["labels"]["new"] = "label"
+    pods = [pod_of(live, "nvidia-driver-daemonset-x")]
+    trial = adoption.Trial(result=result)
+    on = adoption.plan_object(driver(desired), live, trial, pods, auto_upgrade=True)
+    off = adoption.plan_object(driver(desired), live, trial, pods, auto_upgrade=False)
+    assert on.restarts == ("nvidia-driver-daemonset-x",)
+    assert "upgrade flow" in on.reason
+    assert off.restarts == ()
+    assert off.rolls
+    assert off.pods_kept
+    assert "kept" in off.reason
+    plan = adoption.AdoptionPlan((on, off))
+    assert plan.restarts == ("nvidia-driver-daemonset-x",)

@@ -59,7 +59,7 @@ A values section as ClusterPolicy YAML: every key passes through unchanged excep
 keys listed in "drop" (chart-only knobs such as config.create/data never reach the API).
 */}}
 {{- define "gpu-operator.section" -}}
-{{- $section := omit (deepCopy .values) "nvidiaDriverCRD" -}}
+{{- $section := omit (deepCopy .values) "nvidiaDriverCRD" "builtin" -}}
 {{- range .drop }}{{ $_ := unset $section . }}{{ end -}}
 {{- range $key, $value := deepCopy $section -}}
 {{- if and (kindIs "string" $value) (eq $value "") }}{{ $_ := unset $section $key }}{{ end -}}
@@ -190,3 +190,125 @@ a values section is passed to. files/known-values.yaml is that tree (true: anyth
   verbs: ["get", "update"]
 {{- end -}}
 
+
+{{/*
+Builtin agents (ours; docs/image.md). NVIDIA's default image of every values section whose operand
+has an agent of ours in the operator image (values.yaml's defaults; a test keeps them equal). With
+`<section>.builtin` true, or unset and `agents.builtin` true, a section that still names this image
+takes the operator image instead; a section naming any other image (one the user chose) keeps it.
+A nested manager follows its section's switch when it has none of its own.
+*/}}
+{{- define "gpu-operator.builtinDefaults" -}}
+validator: nvcr.io/nvidia/gpu-operator
+driver.manager: nvcr.io/nvidia/cloud-native/k8s-driver-manager
+toolkit: nvcr.io/nvidia/k8s/container-toolkit
+devicePlugin: nvcr.io/nvidia/k8s-device-plugin
+dcgmExporter: nvcr.io/nvidia/k8s/dcgm-exporter
+gfd: nvcr.io/nvidia/k8s-device-plugin
+migManager: nvcr.io/nvidia/cloud-native/k8s-mig-manager
+nodeStatusExporter: nvcr.io/nvidia/gpu-operator
+vgpuManager.driverManager: nvcr.io/nvidia/cloud-native/k8s-driver-manager
+vgpuDeviceManager: nvcr.io/nvidia/cloud-native/vgpu-device-manager
+vfioManager: nvcr.io/nvidia/cloud-native/k8s-driver-manager
+vfioManager.driverManager: nvcr.io/nvidia/cloud-native/k8s-driver-manager
+sandboxDevicePlugin: nvcr.io/nvidia/kubevirt-gpu-device-plugin
+{{- end -}}
+
+{{/* The operator image as repository/image/version (what gpu-operator.operatorImage joins). */}}
+{{- define "gpu-operator.operatorImageParts" -}}
+{{- $op := .Values.operator -}}
+{{- if include "gpu-operator.namesNvidiaOperator" . -}}
+{{- dict "repository" "ghcr.io/gpu-operator-py" "image" "gpu-operator" "version" .Chart.AppVersion | toYaml -}}
+{{- else -}}
+{{- dict "repository" $op.repository "image" $op.image "version" ($op.version | default .Chart.AppVersion | toString) | toYaml -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One section's switch: its own `builtin` when it is a bool, else `fallback`. */}}
+{{- define "gpu-operator.builtinSwitch" -}}
+{{- $section := .section | default dict -}}
+{{- if and (kindIs "map" $section) (hasKey $section "builtin") (kindIs "bool" (get $section "builtin")) -}}
+{{- ternary "true" "" (get $section "builtin") -}}
+{{- else -}}
+{{- ternary "true" "" (not (empty .fallback)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The values sections with the builtin switches resolved, as YAML `{section: values}` for every
+section the switches concern: images swapped where builtin applies, and no `builtin` key left (it
+never reaches the ClusterPolicy or an NVIDIADriver). Templates use these sections in place of
+.Values' ones.
+*/}}
+{{- define "gpu-operator.builtinSections" -}}
+{{- $root := . -}}
+{{- $ours := include "gpu-operator.operatorImageParts" . | fromYaml -}}
+{{- $global := (.Values.agents | default dict).builtin | default false -}}
+{{- $defaults := include "gpu-operator.builtinDefaults" . | fromYaml -}}
+{{- $out := dict -}}
+{{- range $path, $default := $defaults -}}
+{{- $parts := splitList "." $path -}}
+{{- $top := index $parts 0 -}}
+{{- $original := get $root.Values $top -}}
+{{- if kindIs "map" $original -}}
+{{- if not (hasKey $out $top) }}{{ $_ := set $out $top (deepCopy $original) }}{{ end -}}
+{{- $topSwitch := include "gpu-operator.builtinSwitch" (dict "section" $original "fallback" $global) -}}
+{{- $target := get $out $top -}}
+{{- $on := $topSwitch -}}
+{{- if gt (len $parts) 1 -}}
+{{- /* A nested manager: its own switch, else its section's (when that section has an agent). */ -}}
+{{- $fallback := ternary $topSwitch (toString $global | eq "true" | ternary "true" "") (hasKey $defaults $top) -}}
+{{- $target = get $target (index $parts 1) -}}
+{{- $on = include "gpu-operator.builtinSwitch" (dict "section" $target "fallback" $fallback) -}}
+{{- end -}}
+{{- if kindIs "map" $target -}}
+{{- if and $on (eq (printf "%s/%s" (toString $target.repository) (toString $target.image)) $default) -}}
+{{- $_ := set $target "repository" $ours.repository -}}
+{{- $_ := set $target "image" $ours.image -}}
+{{- $_ := set $target "version" $ours.version -}}
+{{- end -}}
+{{- $_ := unset $target "builtin" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* The top sections lose their own switch too (nested ones were handled above). */ -}}
+{{- range $top, $section := $out }}{{ $_ := unset $section "builtin" }}{{ end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* .Values with the builtin switches resolved (gpu-operator.builtinSections). */}}
+{{- define "gpu-operator.resolvedValues" -}}
+{{- $v := deepCopy .Values -}}
+{{- range $key, $section := include "gpu-operator.builtinSections" . | fromYaml -}}
+{{- $_ := set $v $key $section -}}
+{{- end -}}
+{{- toYaml $v -}}
+{{- end -}}
+
+{{/*
+The runtime-config guard next to NVIDIA's toolkit (toolkit.runtimeConfigGuard): "true" or
+"false". auto is on unless the toolkit DaemonSet already runs without the guard (NVIDIA's
+operator's, being swapped for ours): adding it would restart every toolkit pod, and the config it
+would save is no longer the node's original anyway. `helm template` cannot look: auto is on.
+*/}}
+{{- define "gpu-operator.runtimeConfigGuard" -}}
+{{- $setting := .Values.toolkit.runtimeConfigGuard -}}
+{{- if kindIs "bool" $setting -}}
+{{- ternary "true" "false" $setting -}}
+{{- else if has (toString $setting) (list "true" "false") -}}
+{{- toString $setting -}}
+{{- else if or (eq (toString $setting) "auto") (eq (toString $setting) "") (eq (toString $setting) "<nil>") -}}
+{{- $ds := lookup "apps/v1" "DaemonSet" .Release.Namespace "nvidia-container-toolkit-daemonset" -}}
+{{- if $ds -}}
+{{- $found := "false" -}}
+{{- range ($ds.spec.template.spec.initContainers | default list) -}}
+{{- if eq .name "runtime-config-guard" }}{{ $found = "true" }}{{ end -}}
+{{- end -}}
+{{- $found -}}
+{{- else -}}
+true
+{{- end -}}
+{{- else -}}
+{{- fail (printf "toolkit.runtimeConfigGuard=%v: expected true, false or auto" $setting) -}}
+{{- end -}}
+{{- end -}}

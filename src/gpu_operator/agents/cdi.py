@@ -29,16 +29,35 @@ CONTROL_DEVICE_NODES = (
     "/dev/nvidia-uvm-tools",
     "/dev/nvidia-modeset",
 )
-# Driver files the runtime must see in a GPU container, relative to the driver root.
+# Driver files the runtime must see in a GPU container, relative to the driver root: the compute
+# and utility libraries a spec from `nvidia-ctk cdi generate` mounts (R545+ drivers JIT PTX
+# through libnvidia-gpucomp; pkcs11 serves H100 confidential computing, nscq NVSwitch queries).
 LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu")
 LIBRARY_PATTERNS = (
     "libcuda.so.*",
+    "libcudadebugger.so.*",
+    "libnvidia-allocator.so.*",
+    "libnvidia-cfg.so.*",
+    "libnvidia-gpucomp.so.*",
     "libnvidia-ml.so.*",
-    "libnvidia-ptxjitcompiler.so.*",
+    "libnvidia-nscq.so.*",
     "libnvidia-nvvm.so.*",
+    "libnvidia-opencl.so.*",
+    "libnvidia-pkcs11.so.*",
+    "libnvidia-pkcs11-openssl3.so.*",
+    "libnvidia-ptxjitcompiler.so.*",
 )
-BINARIES = ("usr/bin/nvidia-smi", "usr/bin/nvidia-debugdump", "usr/bin/nvidia-persistenced")
+BINARIES = (
+    "usr/bin/nvidia-smi",
+    "usr/bin/nvidia-debugdump",
+    "usr/bin/nvidia-persistenced",
+    "usr/bin/nvidia-cuda-mps-control",
+    "usr/bin/nvidia-cuda-mps-server",
+)
+# The daemons' sockets (persistence daemon; fabric manager on NVSwitch systems), where present.
+SOCKETS = ("run/nvidia-persistenced/socket", "run/nvidia-fabricmanager/socket")
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+SOCKET_MOUNT_OPTIONS = (*MOUNT_OPTIONS, "noexec")
 
 
 def spec_file_name(kind: str, suffix: str = ".json") -> str:
@@ -124,7 +143,11 @@ def gpu_class_spec(
     root = driver_root.rstrip("/")
     if driver_files:
         common["mounts"] = [
-            {"hostPath": f"{root}/{f}", "containerPath": f"/{f}", "options": list(MOUNT_OPTIONS)}
+            {
+                "hostPath": f"{root}/{f}",
+                "containerPath": f"/{f}",
+                "options": list(SOCKET_MOUNT_OPTIONS if f in SOCKETS else MOUNT_OPTIONS),
+            }
             for f in driver_files
         ]
     if hooks:
@@ -140,6 +163,7 @@ def find_driver_files(driver_root: Path) -> list[str]:
         for pattern in LIBRARY_PATTERNS:
             found += sorted(str(p.relative_to(driver_root)) for p in base.glob(pattern))
     found += [b for b in BINARIES if (driver_root / b).exists()]
+    found += [sock for sock in SOCKETS if (driver_root / sock).exists()]
     return found
 
 

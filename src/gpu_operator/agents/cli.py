@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from gpu_operator.agents.container_toolkit import cli as _container_toolkit_cli
+from gpu_operator.agents.container_toolkit import guard_cli as _guard_cli
 from gpu_operator.agents.dcgm_exporter import cli as _dcgm_exporter_cli
 from gpu_operator.agents.device_plugin import cli as _device_plugin_cli
 from gpu_operator.agents.driver_manager import cli as _driver_manager_cli
@@ -163,6 +164,15 @@ def config_manager(
     raise typer.Exit(command.execute(opts))
 
 
+@app.command("vector-add")
+def vector_add() -> None:
+    """Add two vectors on the first CUDA device and check the result (the validator's CUDA
+    workload, NVIDIA's `vectorAdd` sample; needs the driver the NVIDIA runtime injects)."""
+    from gpu_operator.agents.validator import vector_add as sample
+
+    raise typer.Exit(sample.main())
+
+
 # The device plugin and its MPS control daemon keep their many options in their own module.
 _device_plugin_cli.register(app)
 _mig_manager_cli.register(app)
@@ -174,6 +184,8 @@ _validator_cli.register(app)
 _driver_manager_cli.register(app)
 # The toolkit DaemonSet's main container (the node's container runtime config).
 _container_toolkit_cli.register(app)
+# The runtime-config guard next to a toolkit that is not ours (NVIDIA's).
+_guard_cli.register(app)
 # The VM-workload agents (KubeVirt): docs/vm-workloads.md.
 _vfio_manager_cli.register(app)
 _vgpu_device_manager_cli.register(app)

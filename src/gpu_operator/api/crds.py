@@ -12,7 +12,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpu_operator.api import clusterpolicy, nvidiadriver
+from gpu_operator.api import clusterpolicy, gpucluster, nvidiadriver
 from gpu_operator.api.fields import TypeInfo, describe
 
 _EXTRA_KEYS = ("format", "x-kubernetes-validations")
@@ -22,8 +22,8 @@ _EXTRA_KEYS = ("format", "x-kubernetes-validations")
 # not know (silently losing settings). Any schema change must bump SCHEMA_VERSION and record the new
 # SCHEMA_DIGEST: tests/api/test_crds.py fails until both are updated, so a bump is never forgotten.
 SCHEMA_VERSION_ANNOTATION: Final = "nvidia.com/gpu-operator-crd-version"
-SCHEMA_VERSION: Final = 2
-SCHEMA_DIGEST: Final = "488d97eecf0d1e06"
+SCHEMA_VERSION: Final = 3
+SCHEMA_DIGEST: Final = "1d142dfb5325e81d"
 _AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
@@ -106,7 +106,11 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return out
 
 
-def _root_schema(model: type[BaseModel], spec_rules: list[dict[str, str]]) -> dict[str, Any]:
+def _root_schema(
+    model: type[BaseModel],
+    spec_rules: list[dict[str, str]],
+    root_rules: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     root = model_schema(model)
     props = root["properties"]
     props["apiVersion"] = {"type": "string", "description": "Versioned schema of this object."}
@@ -114,7 +118,13 @@ def _root_schema(model: type[BaseModel], spec_rules: list[dict[str, str]]) -> di
     props["metadata"] = {"type": "object"}
     if spec_rules:
         props["spec"]["x-kubernetes-validations"] = spec_rules
-    root["required"] = [r for r in root.get("required", []) if r not in ("apiVersion", "kind")]
+    required = [r for r in root.get("required", []) if r not in ("apiVersion", "kind")]
+    if required:
+        root["required"] = required
+    else:
+        root.pop("required", None)
+    if root_rules:
+        root["x-kubernetes-validations"] = root_rules
     return root
 
 
@@ -128,6 +138,7 @@ def _crd(
     short_names: list[str],
     columns: list[dict[str, str]],
     spec_rules: list[dict[str, str]],
+    root_rules: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     names: dict[str, Any] = {
         "kind": kind,
@@ -154,7 +165,7 @@ def _crd(
                     "served": True,
                     "storage": True,
                     "additionalPrinterColumns": columns,
-                    "schema": {"openAPIV3Schema": _root_schema(model, spec_rules)},
+                    "schema": {"openAPIV3Schema": _root_schema(model, spec_rules, root_rules)},
                     "subresources": {"status": {}},
                 }
             ],
@@ -195,10 +206,30 @@ def nvidiadriver_crd() -> dict[str, Any]:
     )
 
 
+def gpucluster_crd() -> dict[str, Any]:
+    """NVIDIA's 26.x GPUCluster: not reconciled by ours yet, installed so that NVIDIA's operator
+    (which watches it) starts after a swap back."""
+    return _crd(
+        group=gpucluster.GROUP,
+        version=gpucluster.VERSION,
+        kind=gpucluster.KIND,
+        plural=gpucluster.PLURAL,
+        model=gpucluster.GPUCluster,
+        short_names=["gc"],
+        columns=[
+            {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+            _AGE_COLUMN,
+        ],
+        spec_rules=[],
+        root_rules=[gpucluster.SINGLETON_RULE],
+    )
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """Every CRD we own, keyed by upstream's file name."""
     return {
         "nvidia.com_clusterpolicies.yaml": clusterpolicy_crd(),
+        "nvidia.com_gpuclusters.yaml": gpucluster_crd(),
         "nvidia.com_nvidiadrivers.yaml": nvidiadriver_crd(),
     }
 
@@ -229,10 +260,14 @@ class InstalledSchema:
         if not self.older:
             return f"CRD {self.name} has schema version {self.installed} (ours: {self.expected})"
         found = self.problem or f"schema version {self.installed}"
+        if self.installed is None and self.problem and self.problem.startswith("no "):
+            found += " (NVIDIA's operator installs its CRDs without one)"
         return (
             f"CRD {self.name} has {found}, older than the operator's {self.expected}: "
-            "fields it does not know would be pruned; upgrade the CRDs with "
-            "`gpu-operator crds --apply` (the Helm chart does this before each upgrade)"
+            "fields it does not know would be pruned; replace the CRDs with ours: "
+            "`gpu-operator crds --apply` (or `gpu-operator adopt --dry-run --apply-crds`, which "
+            "also shows what adopting the operands does; the Helm chart does this before each "
+            "upgrade; docs/swap-in.md)"
         )
 
 

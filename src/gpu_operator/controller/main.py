@@ -20,9 +20,15 @@ from gpu_operator.nodes.gate import StartupTaint
 log = logging.getLogger(__name__)
 
 
+# Ours, set by the chart: the operator's own image (operands running it get what our agents
+# need, operands/builtin.py) and whether the runtime-config guard runs next to NVIDIA's toolkit.
+OWN_ENV = ("OPERATOR_IMAGE", "RUNTIME_CONFIG_GUARD")
+
+
 def image_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The operator's `*_IMAGE` env vars: fallbacks for images a ClusterPolicy leaves unset."""
-    names = set(IMAGE_ENV.values())
+    """The operator's `*_IMAGE` env vars (fallbacks for images a ClusterPolicy leaves unset) and
+    its own settings for the renderers (`OWN_ENV`)."""
+    names = {*IMAGE_ENV.values(), *OWN_ENV}
     return {k: v for k, v in environ.items() if k in names and v}
 
 

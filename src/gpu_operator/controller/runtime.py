@@ -50,7 +50,7 @@ from gpu_operator.kube.client import AsyncClient
 from gpu_operator.kube.errors import describe
 from gpu_operator.kube.leader import LeaderElector
 from gpu_operator.kube.queue import WorkQueue
-from gpu_operator.kube.writer import Writer
+from gpu_operator.kube.writer import Writer, taken_over_yet
 from gpu_operator.nodes.coexist import CoexistPolicy
 from gpu_operator.nodes.gate import StartupTaint
 
@@ -387,6 +387,13 @@ class Runtime:
                     informer.relist("the API server's state went back in time")
 
     async def write(self, obj: dict[str, Any]) -> None:
-        """Server-side apply through the writer, at most `write_concurrency` at a time."""
+        """Server-side apply through the writer, at most `write_concurrency` at a time. An object
+        a previous writer (NVIDIA's operator) still owns fields of is taken over; one the caches
+        do not hold (not created yet, or NVIDIA's, which lacks our state label) is read first to
+        know which."""
+        live = self.caches.live(obj)
         async with self.write_slots:
-            await self.writer.apply(obj)
+            if live is None or not taken_over_yet(live):
+                await self.writer.take_over(obj)
+            else:
+                await self.writer.apply(obj)

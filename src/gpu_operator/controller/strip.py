@@ -12,8 +12,9 @@ from typing import Any
 from gpu_operator.api import crds, keys, manifests
 from gpu_operator.controller import drift
 from gpu_operator.kube.client import FIELD_MANAGER
+from gpu_operator.kube.writer import PREVIOUS_WRITER_FLAG
 from gpu_operator.nodes import gate, labelling, ledger
-from gpu_operator.operands import dcgm_exporter, nvidiadriver, readiness
+from gpu_operator.operands import dcgm_exporter, nvidiadriver, readiness, takeover
 
 # Node labels the planners read besides the `nvidia.com/` ones.
 _NODE_LABELS = frozenset({*keys.NFD_GPU_LABELS, keys.NFD_OS_ID, keys.NFD_OS_VERSION_ID,
@@ -113,6 +114,9 @@ def owned(obj: dict[str, Any]) -> dict[str, Any]:
         "kind": obj.get("kind"),
         "metadata": _meta(obj, annotations=(keys.LAST_APPLIED_HASH,)),
     }
+    if takeover.has_previous_writer(obj):
+        # NVIDIA's operator (or a JSON patch of ours) still owns fields: take it over.
+        out[PREVIOUS_WRITER_FLAG] = True
     if obj.get("kind") == "ConfigMap":
         data = obj.get("data") or {}
         out["keys"] = sorted({*data, *(obj.get("binaryData") or {})})

@@ -272,6 +272,7 @@ def plugin_settings(
         driver_root_view=driver_root,
         dev_root_view=node_root,
         sys_root=node_root,
+        proc_root=node_root,
         mps_root_view=ctx.path("/mps"),
         health_policy=health.parse_policy(env.get(health.DISABLE_ENV), env.get(health.ENABLE_ENV)),
     )

@@ -76,7 +76,8 @@ PEERMEM = "nvidia-peermem"
 PROGRAMS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")  # fmt: skip
 LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
-             "libnvidia-cfg.so", "libcudadebugger.so", "libnvidia-opencl.so")  # fmt: skip
+             "libnvidia-cfg.so", "libcudadebugger.so", "libnvidia-opencl.so",
+             "libnvidia-gpucomp.so")  # fmt: skip
 LIB_DIR = f"usr/lib/{ARCH}-linux-gnu"
 IN_USE = "Could not unload NVIDIA driver kernel modules, driver is in use"
 # apt-get's exit status when it cannot install (the script runs with `set -e`).

@@ -43,7 +43,7 @@ def prepare(sim: kubesim.Cluster, demo: session.Demo) -> programs.Programs:
     """Register the programs of the chart's images and the operands, and create the fleet's
     nodes with their host files: the cluster is then ready for `helm install`."""
     options = demo.options
-    nodes = programs.Programs(sim, options.timing)
+    nodes = programs.Programs(sim, options.timing, nvidia_toolkit=options.nvidia_toolkit)
     nodes.register()
     # Probes run on the operands' time scale (real periods by default), but never so fast that
     # a liveness probe kills a process before it could start serving (about half a second).
@@ -54,11 +54,15 @@ def prepare(sim: kubesim.Cluster, demo: session.Demo) -> programs.Programs:
     return nodes
 
 
-async def _release_brings_nfd(helm: install.Helm, chart: Path, values: list[Path]) -> bool:
+async def _release_brings_nfd(
+    helm: install.Helm, chart: Path, values: list[Path], sets: list[str] | None = None
+) -> bool:
     """Whether the chart with these values deploys NFD (`nfd.enabled`)."""
     args = ["template", helm.release, str(chart)]
     for path in values:
         args += ["-f", str(path)]
+    for item in sets or ():
+        args += ["--set", item]
     code, out = await helm.run(*args)
     return code != 0 or f"{NFD_CHART}-worker" in out  # a bad render: let install say why
 
@@ -116,13 +120,16 @@ async def run(options: session.Options, console: Console) -> session.Result:
             nodes = prepare(sim, demo)
             helm = install.Helm(sim.kubeconfig_path)
             demo.policy_created = time.monotonic()
-            if not await _release_brings_nfd(helm, chart, options.values):
+            if not await _release_brings_nfd(helm, chart, options.values, options.sets):
                 await _install_nfd_alone(sim, chart, console)
             command = ["helm install", helm.release, str(chart), "-n", helm.namespace]
             command += ["--create-namespace", "--wait", *(f"-f {v}" for v in options.values)]
+            command += [f"--set {item}" for item in options.sets]
             console.print(" ".join(command), markup=False, highlight=False)
             wait = f"{max(int(options.timeout), 1)}s"
-            installing = asyncio.create_task(helm.install(chart, options.values, wait=wait))
+            installing = asyncio.create_task(
+                helm.install(chart, options.values, options.sets, wait=wait)
+            )
             deadline = time.monotonic() + options.timeout
 
             def failed() -> bool:

@@ -120,7 +120,15 @@ class OperatorImage:
     python: str = sys.executable
 
     def register(self, image: str = OPERATOR_IMAGE) -> None:
-        self.sim.register_pod_runner(self.run, image=image, reports_readiness=True)
+        # The chart's own pods only (operator, hook Jobs): operand pods of this image
+        # (`agents.builtin`) are the demo's node programs, and the validator's workload pods
+        # run as kubesim runs any container (their `vectorAdd` is the demo's CUDA sample).
+        self.sim.register_pod_runner(
+            self.run,
+            image=image,
+            label_selector="app.kubernetes.io/managed-by=Helm",
+            reports_readiness=True,
+        )
 
     async def run(self, ctx: PodContext) -> int:
         argv = command_line(ctx.container, ctx.env)

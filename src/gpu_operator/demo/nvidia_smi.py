@@ -5,12 +5,17 @@ the demo registers this program with kubesim (`Cluster.register_program`) for co
 allocation names NVIDIA devices. It shows exactly the devices the container was given (numbered
 from 0, as inside a container), in nvidia-smi's layout. Formatting is pure (`format_table`,
 `format_list`); `collect` reads NVML.
+
+It also answers the read-only listings `scripts/gpu-check --mock` compares the agents with
+(`--query-gpu=... --format=csv[,noheader][,nounits]`, `mig -lgip`, `mig -lgi`, `mig -lci`), and runs
+on its own against a preset: `python -m gpu_operator.demo.nvidia_smi --machine dgx-h100 -L`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -476,12 +481,303 @@ def _gpu_row(index: int, gpu: nvml.Device) -> GpuRow:
     )
 
 
+# ----- read-only listings: --query-gpu and mig -lgip/-lgi/-lci -------------------------------
+
+# Each queryable field: its unit (shown unless `nounits`; temperatures never carry one).
+QUERY_FIELDS: dict[str, str] = {
+    "index": "",
+    "count": "",
+    "uuid": "",
+    "name": "",
+    "pci.bus_id": "",
+    "driver_version": "",
+    "compute_cap": "",
+    "memory.total": "MiB",
+    "memory.used": "MiB",
+    "memory.free": "MiB",
+    "memory.reserved": "MiB",
+    "temperature.gpu": "",
+    "power.draw": "W",
+    "utilization.gpu": "%",
+    "mig.mode.current": "",
+    "mig.mode.pending": "",
+}
+NOT_AVAILABLE = "[N/A]"
+MIG_LISTINGS = {
+    "-lgip": "profiles",
+    "--list-gpu-instance-profiles": "profiles",
+    "-lgi": "gpu-instances",
+    "--list-gpu-instances": "gpu-instances",
+    "-lci": "compute-instances",
+    "--list-compute-instances": "compute-instances",
+}
+NO_MIG_DEVICES = "No MIG-enabled devices found."
+NO_GPU_INSTANCES = "No GPU instances found: Not Found"
+NO_COMPUTE_INSTANCES = "No compute instances found: Not Found"
+
+
+class QueryError(ValueError):
+    """A `--query-gpu` invocation nvidia-smi would refuse (the message is its own)."""
+
+
+@dataclass(frozen=True)
+class Query:
+    fields: tuple[str, ...]
+    header: bool = True
+    units: bool = True
+
+
+def parse_query(args: Sequence[str]) -> Query:
+    """`--query-gpu=a,b --format=csv[,noheader][,nounits]` (QueryError otherwise)."""
+    fields: tuple[str, ...] = ()
+    formats: list[str] | None = None
+    for arg in args:
+        if arg.startswith("--query-gpu="):
+            fields = tuple(f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip())
+        elif arg.startswith("--format="):
+            formats = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
+        else:
+            raise QueryError(USAGE_ERROR)
+    if formats is None or "csv" not in formats:
+        raise QueryError('"--format=csv" is required with "--query-gpu".')
+    unknown = [f for f in formats if f not in ("csv", "noheader", "nounits")]
+    if unknown:
+        raise QueryError(f'"{unknown[0]}" is not a valid format option.')
+    for name in fields:
+        if name not in QUERY_FIELDS:
+            raise QueryError(f'Field "{name}" is not a valid field to query.')
+    if not fields:
+        raise QueryError(USAGE_ERROR)
+    return Query(fields, header="noheader" not in formats, units="nounits" not in formats)
+
+
+def _mode_text(gpu: nvml.Device, pending: bool) -> str:
+    try:
+        mode = gpu.mig_mode()
+    except nvml.NotSupported:
+        return NOT_AVAILABLE
+    return "Enabled" if (mode.pending if pending else mode.current) else "Disabled"
+
+
+def _query_value(lib: nvml.Nvml, gpu: nvml.Device, index: int, count: int, name: str) -> str:
+    memory = gpu.memory_info() if name.startswith("memory.") else None
+    match name:
+        case "index":
+            return str(index)
+        case "count":
+            return str(count)
+        case "uuid":
+            return gpu.uuid()
+        case "name":
+            return gpu.name()
+        case "pci.bus_id":
+            return gpu.pci_info().bus_id
+        case "driver_version":
+            return lib.driver_version()
+        case "compute_cap":
+            major, minor = gpu.cuda_compute_capability()
+            return f"{major}.{minor}"
+        case "temperature.gpu":
+            return str(gpu.temperature())
+        case "power.draw":
+            return f"{gpu.power_usage() / 1000:.2f}"
+        case "utilization.gpu":
+            try:
+                return str(gpu.utilization().gpu)
+            except nvml.NotSupported:
+                return NOT_AVAILABLE
+        case "mig.mode.current" | "mig.mode.pending":
+            return _mode_text(gpu, pending=name.endswith("pending"))
+    assert memory is not None
+    # nvidia-smi reads memory v2: the driver's reservation is not part of `used`.
+    values = {
+        "memory.total": memory.total,
+        "memory.used": memory.used,
+        "memory.free": memory.free,
+        "memory.reserved": memory.reserved,
+    }
+    return str(values[name] >> 20)
+
+
+def query_rows(lib: nvml.Nvml, visible: Visible, fields: Sequence[str]) -> list[list[str]]:
+    """The values of `fields` for each visible GPU (GpuLostError if one is lost)."""
+    selected = _select(lib, visible)
+    rows = []
+    for index, (gpu, _) in enumerate(selected):
+        try:
+            rows.append([_query_value(lib, gpu, index, len(selected), f) for f in fields])
+        except nvml.GpuLost:
+            raise GpuLostError(str(index)) from None
+    return rows
+
+
+def format_query(query: Query, rows: Sequence[Sequence[str]]) -> str:
+    """CSV as nvidia-smi writes it: `, `-separated, units after values unless `nounits`."""
+    lines = []
+    if query.header:
+        lines.append(
+            ", ".join(f"{f} [{QUERY_FIELDS[f]}]" if QUERY_FIELDS[f] else f for f in query.fields)
+        )
+    for row in rows:
+        cells = []
+        for name, value in zip(query.fields, row, strict=True):
+            unit = QUERY_FIELDS[name]
+            shown = value != NOT_AVAILABLE and query.units and unit
+            cells.append(f"{value} {unit}" if shown else value)
+        lines.append(", ".join(cells))
+    return "".join(line + "\n" for line in lines)
+
+
+def _gi_profiles(gpu: nvml.Device) -> dict[int, nvml.protocol.GpuInstanceProfileInfo]:
+    """The GPU-instance profiles this GPU offers, by their NVML_GPU_INSTANCE_PROFILE_* index."""
+    found = {}
+    for index in range(catalog.GI_PROFILE_COUNT):
+        try:
+            found[index] = gpu.gpu_instance_profile_info(index)
+        except nvml.NvmlError:
+            continue
+    return found
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("MIG ")
+
+
+def _boxed(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    width = max(len(line) for line in [title, *header, *(r for row in rows for r in row)]) + 2
+    rule = "+" + "-" * width + "+"
+    lines = [rule, "| " + title.ljust(width - 1) + "|"]
+    lines += ["| " + h.ljust(width - 1) + "|" for h in header]
+    lines.append("|" + "=" * width + "|")
+    for row in rows:
+        lines += ["| " + r.ljust(width - 1) + "|" for r in row]
+        lines.append(rule)
+    return "".join(line + "\n" for line in lines)
+
+
+def _profile_rows(index: int, gpu: nvml.Device) -> list[list[str]]:
+    rows = []
+    for enum_index, info in _gi_profiles(gpu).items():
+        try:
+            free = gpu.gpu_instance_remaining_capacity(enum_index)
+        except nvml.NvmlError:
+            free = 0
+        name = "MIG " + _short(info.name)
+        memory = f"{info.memory_size_mb / 1024:.2f}"
+        p2p = "Yes" if info.is_p2p_supported else "No"
+        first = (
+            f"{index:>3}  {name:<18}{info.id:>4}   {free:>3}/{info.instance_count:<3}"
+            f"   {memory:>7}    {p2p:<3} {info.multiprocessor_count:>5} "
+            f"{info.decoder_count:>5} {info.encoder_count:>5}"
+        )
+        second = f"{'':>59}{info.copy_engine_count:>5} {info.jpeg_count:>5} {info.ofa_count:>5}"
+        rows.append([first, second])
+    return rows
+
+
+def _gpu_instances(gpu: nvml.Device) -> list[tuple[nvml.protocol.GpuInstanceProfileInfo, Any]]:
+    found = []
+    for enum_index, info in _gi_profiles(gpu).items():
+        try:
+            found += [(info, gi) for gi in gpu.gpu_instances(enum_index)]
+        except nvml.NvmlError:
+            continue
+    return sorted(found, key=lambda pair: pair[1].info().id)
+
+
+def _gi_rows(index: int, gpu: nvml.Device) -> list[list[str]]:
+    rows = []
+    for profile, gi in _gpu_instances(gpu):
+        info = gi.info()
+        name = "MIG " + _short(profile.name)
+        where = f"{info.placement.start}:{info.placement.size}"
+        rows.append([f"{index:>3}  {name:<18}{info.profile_id:>5}{info.id:>10}{where:>13}"])
+    return rows
+
+
+def _ci_rows(index: int, gpu: nvml.Device) -> list[list[str]]:
+    names = {(m.gpu_instance_id(), m.compute_instance_id()): _profile(m) for m in _mig_devices(gpu)}
+    rows = []
+    for profile, gi in _gpu_instances(gpu):
+        gi_id = gi.info().id
+        found = []
+        for ci_profile in range(catalog.CI_PROFILE_COUNT):
+            try:
+                found += [ci.info() for ci in gi.compute_instances(ci_profile)]
+            except nvml.NvmlError:
+                continue
+        for ci in sorted(found, key=lambda c: c.id):
+            name = "MIG " + names.get((gi_id, ci.id), _short(profile.name))
+            where = f"{ci.placement.start}:{ci.placement.size}"
+            rows.append(
+                [f"{index:>3}  {gi_id:>6}       {name:<18}{ci.profile_id:>5}{ci.id:>10}{where:>13}"]
+            )
+    return rows
+
+
+_MIG_TABLES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "profiles": (
+        "GPU instance profiles:",
+        (
+            "GPU   Name               ID    Instances   Memory     P2P    SM    DEC   ENC",
+            "                              Free/Total   GiB              CE    JPEG  OFA",
+        ),
+        "",
+    ),
+    "gpu-instances": (
+        "GPU instances:",
+        (
+            "GPU   Name             Profile  Instance   Placement",
+            "                         ID       ID      Start:Size",
+        ),
+        NO_GPU_INSTANCES,
+    ),
+    "compute-instances": (
+        "Compute instances:",
+        (
+            "GPU     GPU       Name             Profile  Instance   Placement",
+            "      Instance                       ID       ID      Start:Size",
+            "        ID",
+        ),
+        NO_COMPUTE_INSTANCES,
+    ),
+}
+
+
+def mig_list(lib: nvml.Nvml, visible: Visible, kind: str) -> tuple[int, str]:
+    """`nvidia-smi mig -lgip|-lgi|-lci` (`kind`: profiles, gpu-instances, compute-instances)
+    over the visible MIG-enabled GPUs: (exit code, output)."""
+    build = {"profiles": _profile_rows, "gpu-instances": _gi_rows, "compute-instances": _ci_rows}
+    rows: list[list[str]] = []
+    enabled = 0
+    for index, (gpu, _) in enumerate(_select(lib, visible)):
+        try:
+            if not gpu.mig_mode().current:
+                continue
+        except nvml.NotSupported:
+            continue
+        except nvml.GpuLost:
+            raise GpuLostError(str(index)) from None
+        enabled += 1
+        rows += build[kind](index, gpu)
+    if not enabled:
+        return EXIT_NOT_FOUND, NO_MIG_DEVICES + "\n"
+    title, header, empty = _MIG_TABLES[kind]
+    if not rows:
+        return EXIT_NOT_FOUND, empty + "\n"
+    return EXIT_OK, _boxed(title, header, rows)
+
+
 # ----- the program --------------------------------------------------------------------------
 
 HELP = """NVIDIA System Management Interface (simulated in the gpu-operator demo).
 
     nvidia-smi              the table of this container's GPUs
     nvidia-smi -L           list them (and their MIG devices) with UUIDs
+    nvidia-smi --query-gpu=index,name,... --format=csv[,noheader][,nounits]
+    nvidia-smi mig -lgip    GPU instance profiles (MIG-enabled GPUs)
+    nvidia-smi mig -lgi     GPU instances
+    nvidia-smi mig -lci     compute instances
     nvidia-smi -r -i N      reset GPU N (driver container only)
 """
 EXIT_NO_PERMISSION = 4
@@ -522,12 +818,21 @@ def run(
     and returns its bus id; None where the container may not (`Insufficient Permissions`)."""
     if "-r" in args or "--gpu-reset" in args:
         return _reset(["-r" if a == "--gpu-reset" else a for a in args], reset)
+    query: Query | None = None
+    mig_listing: str | None = None
     if args in ([], ()):
         listing = False
     elif list(args) in (["-L"], ["--list-gpus"]):
         listing = True
     elif list(args) in (["-h"], ["--help"]):
         return EXIT_OK, HELP
+    elif len(args) == 2 and args[0] == "mig" and args[1] in MIG_LISTINGS:
+        mig_listing = MIG_LISTINGS[args[1]]
+    elif any(a.startswith("--query-gpu=") for a in args):
+        try:
+            query = parse_query(args)
+        except QueryError as err:
+            return EXIT_USAGE, f"{err}\n"
     else:
         return EXIT_USAGE, USAGE_ERROR + "\n"
     if visible.none:
@@ -537,6 +842,11 @@ def run(
     except nvml.NvmlError:
         return EXIT_DRIVER, DRIVER_ERROR + "\n"
     try:
+        if query is not None:
+            rows = query_rows(lib, visible, query.fields)
+            return (EXIT_OK, format_query(query, rows)) if rows else (EXIT_NOT_FOUND, "")
+        if mig_listing is not None:
+            return mig_list(lib, visible, mig_listing)
         view = collect(lib, visible, now)
     except GpuLostError as err:
         return EXIT_GPU_LOST, err.message + "\n"
@@ -546,3 +856,38 @@ def run(
     if not view.gpus:
         return EXIT_NOT_FOUND, NO_DEVICES + "\n"
     return EXIT_OK, format_list(view.gpus, view.migs) if listing else format_table(view)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m gpu_operator.demo.nvidia_smi (--machine PRESET | --machine-file FILE)
+    [--seed N] [ARGS...]`: nvidia-smi on a mock machine's GPUs, all visible, resets refused."""
+    from gpu_operator.agents import mock_backend
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    chosen: dict[str, str] = {}
+    while args and args[0] in ("--machine", "--machine-file", "--seed"):
+        if len(args) < 2:
+            sys.stderr.write(f"nvidia-smi: {args[0]} needs a value\n")
+            return EXIT_USAGE
+        chosen[args[0]] = args[1]
+        args = args[2:]
+    seed = chosen.get("--seed")
+    if seed is not None and not seed.isdigit():
+        sys.stderr.write(f"nvidia-smi: --seed {seed!r}: expected a number\n")
+        return EXIT_USAGE
+    try:
+        machine = mock_backend.machine(
+            chosen.get("--machine"),
+            chosen.get("--machine-file"),
+            int(seed) if seed is not None else None,
+        )
+    except mock_backend.MachineChoiceError as err:
+        sys.stderr.write(f"nvidia-smi: {err}\n")
+        return EXIT_USAGE
+    code, text = run(machine.nvml(), Visible(all=True), args, dt.datetime.now())
+    (sys.stdout if code == EXIT_OK else sys.stderr if not text.strip() else sys.stdout).write(text)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

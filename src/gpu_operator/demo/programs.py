@@ -30,6 +30,7 @@ from gpu_operator.demo import (
 from gpu_operator.demo import driver as driver_demo
 from gpu_operator.demo import driver_manager as driver_manager_demo
 from gpu_operator.demo import mig as mig_demo
+from gpu_operator.demo import nvidia_toolkit as nvidia_toolkit_demo
 from gpu_operator.demo import toolkit as toolkit_demo
 from gpu_operator.demo import validator as validator_demo
 from gpu_operator.demo.processes import ProcessTable
@@ -114,9 +115,14 @@ def app_of(ctx: PodContext) -> str:
 class Programs:
     """Registers the demo's pod runners on a kubesim cluster and keeps per-node state."""
 
-    def __init__(self, sim: kubesim.Cluster, timing: Timing) -> None:
+    def __init__(
+        self, sim: kubesim.Cluster, timing: Timing, *, nvidia_toolkit: bool = False
+    ) -> None:
         self.sim = sim
         self.timing = timing
+        # Toolkit pods of NVIDIA's image behave as NVIDIA's toolkit (demo.nvidia_toolkit)
+        # instead of running our agent.
+        self.nvidia_toolkit = nvidia_toolkit
         self.nodes: dict[str, SimNode] = {}
         # Simulated processes of operand pods, for the config manager's signals.
         self.processes = ProcessTable()
@@ -317,6 +323,10 @@ class Programs:
                 node.machine, lambda base, what: self._sleep(base, node.name, f"driver/{what}")
             )
             return await driver_demo.run(ctx, host)
+        if toolkit_demo.guard_handles(ctx):  # the runtime-config guard next to the toolkit
+            return await toolkit_demo.guard(ctx, self.runtime(node.name))
+        if self.nvidia_toolkit and nvidia_toolkit_demo.handles(ctx, self.runtime(node.name)):
+            return await nvidia_toolkit_demo.run(ctx, node.machine, self.runtime(node.name))
         if toolkit_demo.handles(ctx):  # the container toolkit agent (demo.toolkit)
             return await self._toolkit(ctx, node)
         if validator_demo.handles(ctx):  # validations and the validator (demo.validator)

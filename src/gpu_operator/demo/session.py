@@ -80,7 +80,11 @@ class Options:
     install: str = "in-process"
     # With install="helm": values files for `helm install -f`, and the chart (default: checkout).
     values: list[Path] = field(default_factory=list)
+    # ... and `helm install --set` items (e.g. agents.builtin=true).
+    sets: list[str] = field(default_factory=list)
     chart: Path | None = None
+    # Toolkit pods of NVIDIA's image behave as NVIDIA's toolkit (demo.nvidia_toolkit).
+    nvidia_toolkit: bool = False
     timing: programs.Timing = field(default_factory=programs.Timing)
     # Extra operator Settings fields for the in-process operator (e.g. `coexist`).
     operator_settings: dict[str, Any] = field(default_factory=dict)
@@ -309,7 +313,7 @@ async def run(options: Options, console: Console) -> Result:
         async with kubesim.Cluster(
             kubelet=kubelet, kubeconfig_path=kubeconfig, authentication=options.serve
         ) as sim:
-            nodes = programs.Programs(sim, options.timing)
+            nodes = programs.Programs(sim, options.timing, nvidia_toolkit=options.nvidia_toolkit)
             nodes.register()
             demo.populate(sim, nodes)
             client = kube_client.connect(str(sim.kubeconfig_path))

@@ -163,3 +163,46 @@ async def run(
         return code
     finally:
         await api.close()
+
+
+GUARD_CONTAINERS = ("runtime-config-save", "runtime-config-guard")
+
+
+def guard_handles(ctx: PodContext) -> bool:
+    """The runtime-config guard's containers in a toolkit pod (init `save`, sidecar `watch`)."""
+    return ctx.labels.get("app") == APP and ctx.container_name in GUARD_CONTAINERS
+
+
+async def guard(ctx: PodContext, runtime: containerd.SimulatedRuntime | None) -> int:
+    """The real guard (`agents/container_toolkit/guard.py`) on the node's files: save in the
+    init container; in the sidecar, restore once the pod stops (after the toolkit container,
+    as Kubernetes stops a native sidecar) and restart the node's runtime."""
+    from gpu_operator.agents.container_toolkit import guard as guard_mod
+
+    glog = guard_mod.log
+    try:
+        s = settings.from_env(environment(ctx))
+    except settings.SettingsError as err:
+        glog.error("runtime-config-guard: %s", err)
+        return 2
+    view = _view(ctx)
+    if ctx.container_name == GUARD_CONTAINERS[0]:
+        for line in guard_mod.save(s, view):
+            glog.info("%s", line)
+        return 0
+    ctx.set_ready(True)
+    glog.info("guarding the %s config until this pod stops", s.runtime)
+    await ctx.stopping.wait()
+    glog.info("the pod stops: restoring the node's runtime config")
+    restored = guard_mod.restore(s, view)
+    for line in restored.exact:
+        glog.info("%s", line)
+    for line in restored.kept:
+        glog.warning("%s", line)
+    if restored.changed:
+        restarter = RuntimeRestarter(runtime, s.restart_mode, runner.SERVICES[s.runtime])
+        try:
+            await restarter.restart()
+        except restart.RestartError as err:
+            glog.error("%s", err)
+    return 0

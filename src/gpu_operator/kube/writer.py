@@ -23,6 +23,7 @@ from lightkube.types import CascadeType, PatchType
 
 from gpu_operator.api import keys
 from gpu_operator.kube import resources
+from gpu_operator.operands import takeover
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +48,31 @@ def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
     return stamped
 
 
+# Set by the controller's cache transform on an object a previous writer (NVIDIA's operator) still
+# owns fields of: it is taken over (`Writer.take_over`) on the next pass, whatever its hash.
+PREVIOUS_WRITER_FLAG = "previousWriter"
+
+
+def taken_over_yet(live: Mapping[str, Any]) -> bool:
+    """Whether no previous writer owns fields of the live object (a cached or a full one)."""
+    return not live.get(PREVIOUS_WRITER_FLAG) and not takeover.has_previous_writer(live)
+
+
 def needs_write(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
-    """Whether the live object differs from what we would apply (by our hash annotation)."""
-    if live is None:
+    """Whether the live object differs from what we would apply (by our hash annotation), or
+    still has fields of a previous writer to take over."""
+    if live is None or not taken_over_yet(live):
         return True
     annotations = (live.get("metadata") or {}).get("annotations") or {}
     return bool(annotations.get(keys.LAST_APPLIED_HASH) != content_hash(desired))
 
 
+WORKLOADS = ("DaemonSet", "Deployment", "StatefulSet")
+
+
 def selector_immutable(obj: Mapping[str, Any], err: ApiError) -> bool:
     """Whether a rejected write of a workload failed only because it changes `spec.selector`."""
-    if obj.get("kind") not in ("DaemonSet", "Deployment", "StatefulSet") or err.status.code != 422:
+    if obj.get("kind") not in WORKLOADS or err.status.code != 422:
         return False
     details = err.status.details
     causes = (details.causes if details is not None else None) or []
@@ -66,6 +81,10 @@ def selector_immutable(obj: Mapping[str, Any], err: ApiError) -> bool:
         return fields == {"spec.selector"}
     message = str(err.status.message or "")
     return "spec.selector" in message and "immutable" in message
+
+
+def _selector(obj: Mapping[str, Any]) -> Any:
+    return (obj.get("spec") or {}).get("selector") if obj.get("kind") in WORKLOADS else None
 
 
 def labels_match(match_labels: Mapping[str, str], labels: Mapping[str, str] | None) -> bool:
@@ -83,6 +102,9 @@ def selector_text(match_labels: Mapping[str, str]) -> str:
 # empty, in `default` (tools/record makeEvent); `kubectl describe` finds them there, and they
 # outlive the operator's namespace.
 CLUSTER_EVENTS_NAMESPACE = "default"
+
+# How often taking an object over re-reads it when a status write got in between.
+TAKEOVER_ATTEMPTS = 5
 
 # How long a replaced DaemonSet may take to go away (its pods are orphaned or deleted first).
 REPLACE_TIMEOUT = 60.0
@@ -106,20 +128,91 @@ class Writer:
         # Agents pass their own namespace: their RBAC grants Events there only.
         self.cluster_events_namespace = cluster_events_namespace
 
-    async def apply(self, desired: dict[str, Any]) -> None:
-        """Server-side apply (create or update) with our field manager, taking over conflicts.
+    async def apply(self, desired: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply (create or update) with our field manager, taking over conflicts;
+        returns the object as stored.
 
         A DaemonSet whose selector differs from the live one (selectors are immutable, e.g. one
         written by another operator version) is replaced instead of failing on every pass."""
         # lightkube takes the namespace from the object's metadata.
         try:
-            await self.client.apply(resources.wrap(with_hash(desired)), force=True)
+            return dict(await self.client.apply(resources.wrap(with_hash(desired)), force=True))
         except ApiError as err:
             if desired.get("kind") != "DaemonSet" or not selector_immutable(desired, err):
                 raise
-            await self.replace_daemonset(desired)
+            return await self.replace_daemonset(desired)
 
-    async def replace_daemonset(self, desired: dict[str, Any]) -> None:
+    async def take_over(self, desired: dict[str, Any]) -> dict[str, Any]:
+        """Apply `desired` to an object a previous writer (NVIDIA's operator) still owns fields
+        of, leaving ours the owner of what it renders (operands/takeover.py): first one JSON patch
+        that removes what only the previous writer set and ours does not render and sets ours,
+        then the usual apply, then its managedFields entries go. Each patch tests the
+        resourceVersion it was computed from; a status write in between is retried."""
+        for _ in range(TAKEOVER_ATTEMPTS):
+            live = await self.get(desired)
+            if live is not None and _selector(live) != _selector(desired):
+                return await self.apply(desired)  # replaced whole: the new one is ours alone
+            change = takeover.plan(desired, live) if live is not None else None
+            if change is None or change.patch is None:
+                break
+            meta = live["metadata"] if live is not None else {}
+            log.info("%s %s: taking it over from its previous writer", desired.get("kind"),
+                     meta.get("name"))  # fmt: skip
+            # Most of these are fields the API server defaults: they come back as they were.
+            log.debug("%s %s: fields only the previous writer set: %s", desired.get("kind"),
+                      meta.get("name"), ", ".join(change.removed) or "none")  # fmt: skip
+            if await self._json_patch_tested(desired, change.patch):
+                break
+        applied = await self.apply(desired)
+        for _ in range(TAKEOVER_ATTEMPTS):
+            cleanup = takeover.managed_fields_patch(applied)
+            if cleanup is None or await self._json_patch_tested(applied, cleanup):
+                break
+            # Changed since (a status write): judge it again; the next pass finishes otherwise.
+            found = await self.get(applied)
+            if found is None:
+                break
+            applied = found
+        return applied
+
+    async def _json_patch_tested(self, obj: Mapping[str, Any], ops: list[dict[str, Any]]) -> bool:
+        """Send a JSON patch whose first operation tests the resourceVersion; False when that
+        test failed (the object changed since), any other refusal raises."""
+        try:
+            await self.client.patch(
+                resources.of(dict(obj)), obj["metadata"]["name"], ops,
+                namespace=self._namespace_of(obj), patch_type=PatchType.JSON,
+            )  # fmt: skip
+        except ApiError as err:
+            if err.status.code == 409 or (
+                err.status.code == 422 and "test failed" in str(err.status.message or "")
+            ):
+                return False
+            raise
+        return True
+
+    def _namespace_of(self, obj: Mapping[str, Any]) -> str | None:
+        kind = resources.kind_of(str(obj["apiVersion"]), str(obj["kind"]))
+        if not kind.namespaced:
+            return None
+        return str((obj.get("metadata") or {}).get("namespace") or self.namespace)
+
+    async def get(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The whole live object `obj` names, or None. A list by name: it needs only the list
+        permission the operator's caches already use."""
+        name = str((obj.get("metadata") or {}).get("name"))
+        namespace = self._namespace_of(obj)
+        res = resources.of(dict(obj))
+        listing = (
+            self.client.list(res, namespace=namespace, fields={"metadata.name": name})
+            if namespace is not None
+            else self.client.list(res, fields={"metadata.name": name})
+        )
+        async for item in listing:
+            return dict(item)
+        return None
+
+    async def replace_daemonset(self, desired: dict[str, Any]) -> dict[str, Any]:
         """Delete and create a DaemonSet whose selector changed, with an Event saying so.
 
         When the new selector matches the old pod template, the old DaemonSet is deleted with
@@ -130,8 +223,7 @@ class Writer:
         name, namespace = meta["name"], meta.get("namespace") or self.namespace
         live = await self._get_daemonset(name, namespace)
         if live is None:  # gone meanwhile: a plain apply creates it
-            await self.client.apply(resources.wrap(with_hash(desired)), force=True)
-            return
+            return dict(await self.client.apply(resources.wrap(with_hash(desired)), force=True))
         old_selector = ((live.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         new_selector = desired["spec"]["selector"].get("matchLabels") or {}
         old_labels = (((live.get("spec") or {}).get("template") or {}).get("metadata") or {}).get(
@@ -167,6 +259,7 @@ class Writer:
                 f"was deleted and created again; {kept}"
             ),
         )
+        return created
 
     async def _get_daemonset(self, name: str, namespace: str) -> dict[str, Any] | None:
         # A list by name needs only the list permission the operator's caches already use.

@@ -36,6 +36,55 @@ CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 CI_PROFILE_COUNT = 9
 CI_ENGINE_PROFILE_SHARED = 0
 
+# NVML addresses profiles by an *internal* id, the ID column of `nvidia-smi mig -lgip`, which
+# `nvmlGpuInstanceGetInfo().profileId` returns and which `nvmlDeviceGetGpuInstanceProfileInfo(enum)`
+# reports as `.id`; it is not the enum above. 7-slice GPUs (published lgip of H100 NVL, H200,
+# GH200, B200, GB200; A100 alike): 1g 19, 1g+me 20, 1g double memory 15, 2g 14, 3g 9, 4g 5, 7g 0.
+SEVEN_SLICE_NVML_IDS = {
+    GI_PROFILE_1_SLICE: 19,
+    GI_PROFILE_1_SLICE_REV1: 20,
+    GI_PROFILE_1_SLICE_REV2: 15,
+    GI_PROFILE_2_SLICE: 14,
+    GI_PROFILE_3_SLICE: 9,
+    GI_PROFILE_4_SLICE: 5,
+    GI_PROFILE_7_SLICE: 0,
+}
+# 4-slice GPUs (A30; RTX PRO 6000's published 1g 14 and 1g+me 21 follow the same table).
+FOUR_SLICE_NVML_IDS = {
+    GI_PROFILE_1_SLICE: 14,
+    GI_PROFILE_1_SLICE_REV1: 21,
+    GI_PROFILE_2_SLICE: 5,
+    GI_PROFILE_2_SLICE_REV1: 6,
+    GI_PROFILE_4_SLICE: 0,
+}
+# RTX PRO 6000 Blackwell: 1g+gfx 47 and 1g+me.all 65 are published (lgip in cubecos#312 and
+# GoogleCloudPlatform/container-engine-accelerators#564); the other attribute variants' ids are
+# unpublished, chosen here only to be distinct (nothing may depend on their exact values).
+RTX_PRO_NVML_IDS = {
+    **FOUR_SLICE_NVML_IDS,
+    GI_PROFILE_1_SLICE_GFX: 47,
+    GI_PROFILE_1_SLICE_ALL_ME: 65,
+    GI_PROFILE_1_SLICE_NO_ME: 66,
+    GI_PROFILE_2_SLICE_GFX: 35,
+    GI_PROFILE_2_SLICE_NO_ME: 67,
+    GI_PROFILE_2_SLICE_ALL_ME: 68,
+    GI_PROFILE_4_SLICE_GFX: 32,
+}
+# The first driver branch that offers a profile, where it came later than the GPU (NVML change
+# log: +me in R470, graphics profiles in R570, -me/+me.all in R575; MIG user guide: A30's
+# 2g.12gb+me from R525). Older drivers answer NOT_SUPPORTED for the profile.
+PROFILE_MIN_BRANCH = {
+    GI_PROFILE_1_SLICE_REV1: 470,
+    GI_PROFILE_1_SLICE_GFX: 570,
+    GI_PROFILE_2_SLICE_GFX: 570,
+    GI_PROFILE_4_SLICE_GFX: 570,
+    GI_PROFILE_3_SLICE_GFX: 595,
+    GI_PROFILE_1_SLICE_NO_ME: 575,
+    GI_PROFILE_2_SLICE_NO_ME: 575,
+    GI_PROFILE_1_SLICE_ALL_ME: 575,
+    GI_PROFILE_2_SLICE_ALL_ME: 575,
+}
+
 MEDIA_EXTENSION_PROFILES = frozenset({GI_PROFILE_1_SLICE_REV1, GI_PROFILE_2_SLICE_REV1})
 # Profiles that take the GPU's shared media engines for themselves: at most one per GPU.
 MEDIA_OWNER_PROFILES = MEDIA_EXTENSION_PROFILES | {
@@ -78,13 +127,21 @@ class Placement:
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """A compute-instance profile inside one GPU-instance profile."""
+    """A compute-instance profile inside one GPU-instance profile.
+
+    `nvml_id` is the profile's internal id (`nvidia-smi mig -lcip`); published lcip listings show
+    the enum values 0..4 there, so it equals `profile_id` for every catalogued GPU.
+    """
 
     profile_id: int
     slice_count: int
     instance_count: int
     multiprocessor_count: int
     placements: tuple[Placement, ...]
+
+    @property
+    def nvml_id(self) -> int:
+        return self.profile_id
 
 
 @dataclass(frozen=True)
@@ -105,6 +162,10 @@ class MigProfile:
     ofas: int
     compute_profiles: tuple[ComputeProfile, ...]
     p2p_supported: bool = False
+    # NVML's internal id of the profile (see SEVEN_SLICE_NVML_IDS); -1 where unknown.
+    nvml_id: int = -1
+    # The first driver branch that offers the profile (0: every driver that knows the GPU).
+    min_driver_branch: int = 0
 
     @property
     def media_extensions(self) -> bool:
@@ -152,10 +213,32 @@ class GpuModel:
     # PCI ids of other SKUs with this model's MIG profile names and placements (PCIe/NVL/OEM
     # variants that the default mig-parted config lists in one device filter).
     pci_aliases: tuple[int, ...] = ()
+    # Framebuffer the driver and firmware keep for themselves (NVML memory v2 `reserved`); 0:
+    # about 0.6% of the board, the order `nvidia-smi -q` shows on data-center GPUs.
+    reserved_mib: int = 0
+    # The oldest driver branch that runs the GPU, where that matters to the mock (0: older than
+    # any driver it emulates).
+    min_driver_branch: int = 0
 
     @property
     def mig_capable(self) -> bool:
         return bool(self.mig_profiles)
+
+    @property
+    def system_reserved_mib(self) -> int:
+        return self.reserved_mib or self.memory_mib * 3 // 500
+
+    def mig_profiles_for_branch(self, branch: int) -> tuple[MigProfile, ...]:
+        """The profiles a driver of `branch` offers (every one for branch 0)."""
+        if branch <= 0:
+            return self.mig_profiles
+        return tuple(p for p in self.mig_profiles if p.min_driver_branch <= branch)
+
+    def mig_profile_by_nvml_id(self, nvml_id: int) -> MigProfile | None:
+        for profile in self.mig_profiles:
+            if profile.nvml_id == nvml_id:
+                return profile
+        return None
 
     @property
     def pci_device_id_hex(self) -> str:
@@ -205,7 +288,8 @@ def mig_profile_name(
     return f"{prefix}{gi_slices}g.{gb}gb{suffix}"
 
 
-def _compute_profiles(gi_slices: int, sm_per_slice: int, gi_sms: int) -> tuple[ComputeProfile, ...]:
+def compute_profiles(gi_slices: int, sm_per_slice: int, gi_sms: int) -> tuple[ComputeProfile, ...]:
+    """The compute-instance profiles of a GPU instance of `gi_slices` compute slices."""
     # CIs tile the GI's compute slices on a grid of their own size; a 3-slice CI only fits the
     # 3- and 7-slice GIs, which is what NVML reports for A100-class parts.
     profiles = []
@@ -239,7 +323,14 @@ class _Row:
     engines: tuple[int, int, int, int, int]  # copy, decoder, encoder, jpeg, ofa
 
 
-def _profiles(total_mib: int, sm_per_slice: int, rows: list[_Row]) -> tuple[MigProfile, ...]:
+def _profiles(
+    total_mib: int,
+    sm_per_slice: int,
+    rows: list[_Row],
+    nvml_ids: dict[int, int],
+    min_branch: dict[int, int] | None = None,
+) -> tuple[MigProfile, ...]:
+    branches = PROFILE_MIN_BRANCH if min_branch is None else min_branch
     out = []
     for row in rows:
         suffix = profile_suffix(row.profile_id)
@@ -260,7 +351,9 @@ def _profiles(total_mib: int, sm_per_slice: int, rows: list[_Row]) -> tuple[MigP
                 encoders=enc,
                 jpegs=jpg,
                 ofas=ofa,
-                compute_profiles=_compute_profiles(row.slices, sm_per_slice, row.sms),
+                compute_profiles=compute_profiles(row.slices, sm_per_slice, row.sms),
+                nvml_id=nvml_ids.get(row.profile_id, -1),
+                min_driver_branch=branches.get(row.profile_id, 0),
             )
         )
     return tuple(out)
@@ -287,6 +380,7 @@ def _seven_slice(
             _Row(GI_PROFILE_4_SLICE, 4, m3, s4, 1, (0,), 4, engines[3]),
             _Row(GI_PROFILE_7_SLICE, 7, m7, s7, 1, (0,), 8, engines[4]),
         ],
+        SEVEN_SLICE_NVML_IDS,
     )
 
 
@@ -322,6 +416,8 @@ def _a30_profiles() -> tuple[MigProfile, ...]:
             _Row(GI_PROFILE_2_SLICE_REV1, 2, 11672, 28, 1, (0, 2), 2, (2, 2, 0, 1, 1)),
             _Row(GI_PROFILE_4_SLICE, 4, 23344, 56, 1, (0,), 4, (4, 4, 0, 1, 1)),
         ],
+        FOUR_SLICE_NVML_IDS,
+        {**PROFILE_MIN_BRANCH, GI_PROFILE_2_SLICE_REV1: 525},
     )
 
 
@@ -351,6 +447,7 @@ def _rtx_pro_6000_profiles() -> tuple[MigProfile, ...]:
             _Row(GI_PROFILE_4_SLICE, 4, m4, 188, 1, four, 4, full),
             _Row(GI_PROFILE_4_SLICE_GFX, 4, m4, 188, 1, four, 4, full),
         ],
+        RTX_PRO_NVML_IDS,
     )
 
 
@@ -599,6 +696,7 @@ _MODELS: tuple[GpuModel, ...] = (
         # MIG names 1g.34gb x7, 1g.67gb x4, 2g.67gb x3, 3g.135gb x2, 4g.135gb, 7g.269gb
         # (269 GiB usable of 288 GB HBM3e), PCI id 0x3182 as cloud providers' MIG configs list.
         key="B300",
+        min_driver_branch=580,
         nvml_name="NVIDIA B300 SXM6 AC",
         memory_mib=275040,
         compute_capability=(10, 3),
@@ -624,6 +722,7 @@ _MODELS: tuple[GpuModel, ...] = (
         # NVIDIA's nvml-mock (k8s-test-infra) GB300 table: 278 GiB, 1g.35gb x7 (18 SMs),
         # 1g.70gb x4, 2g.70gb x3 (36), 3g.139gb x2 (54), 4g.139gb (72), 7g.278gb (126).
         key="GB300",
+        min_driver_branch=580,
         nvml_name="NVIDIA GB300",
         memory_mib=284672,
         compute_capability=(10, 3),
@@ -647,6 +746,7 @@ _MODELS: tuple[GpuModel, ...] = (
     ),
     GpuModel(
         key="RTX-PRO-6000",
+        min_driver_branch=575,
         nvml_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
         memory_mib=97887,
         compute_capability=(12, 0),

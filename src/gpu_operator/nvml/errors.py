@@ -71,7 +71,11 @@ class NotSupported(NvmlError):
 
 class NoPermission(NvmlError):
     code = ERROR_NO_PERMISSION
-    hint = "insufficient permissions for this NVML call (needs root or CAP_SYS_ADMIN)"
+    hint = (
+        "insufficient permissions for this NVML call: MIG management and MIG-instance queries "
+        "need a privileged user; run the agent as root (securityContext runAsUser: 0 with "
+        "privileged: true), not as the image's default non-root user"
+    )
 
 
 class NotFound(NvmlError):

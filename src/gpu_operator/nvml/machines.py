@@ -60,8 +60,13 @@ class GpuGroup(_Strict):
 
 
 class Fabric(_Strict):
+    """NVLink fabric membership. `state` is the fabric probe's (nvmlGpuFabricState_t: 3 is
+    completed) and `status` its outcome (an NVML return code: 0 success, 10 timeout)."""
+
     cluster_uuid: str = pydantic.Field(alias="clusterUuid")
     clique_id: int = pydantic.Field(alias="cliqueId", ge=0)
+    state: int = pydantic.Field(default=3, ge=0, le=3)
+    status: int = pydantic.Field(default=0, ge=0)
 
 
 class Vgpu(_Strict):
@@ -69,8 +74,35 @@ class Vgpu(_Strict):
     host_driver_branch: str = pydantic.Field(alias="hostDriverBranch")
 
 
+# The driver a machine emulates when its description names none: 550.54.15 (CUDA 12.4), or a
+# 580-branch driver for GPUs that need a newer branch than 550 (GpuModel.min_driver_branch).
+DEFAULT_DRIVER = ("550.54.15", 12040)
+NEWER_DRIVER = ("580.82.07", 13000)
+
+
 class MachineSpec(_Strict):
     """A whole node: GPUs in index order plus driver and platform facts."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _default_driver(cls, data: object) -> object:
+        if not isinstance(data, dict) or "driverVersion" in data or "driver_version" in data:
+            return data
+        needed = 0
+        for group in data.get("gpus") or ():
+            key = group.get("model") if isinstance(group, dict) else None
+            if isinstance(key, str):
+                try:
+                    needed = max(needed, catalog.model(key).min_driver_branch)
+                except KeyError:
+                    continue  # the group's own validator names the unknown model
+        if needed <= int(DEFAULT_DRIVER[0].split(".")[0]):
+            return data
+        version, cuda = NEWER_DRIVER
+        filled = {**data, "driverVersion": version}
+        if "cudaDriverVersion" not in data and "cuda_driver_version" not in data:
+            filled["cudaDriverVersion"] = cuda
+        return filled
 
     name: str
     product_name: str = pydantic.Field(default="", alias="productName")
@@ -86,6 +118,11 @@ class MachineSpec(_Strict):
     def nvml_version(self) -> str:
         major = self.cuda_driver_version // 1000
         return f"{major}.{self.driver_version}"
+
+    @property
+    def driver_branch(self) -> int:
+        """The driver branch the machine emulates (550 for 550.54.15)."""
+        return int(self.driver_version.split(".", 1)[0])
 
     @property
     def gpu_count(self) -> int:

@@ -12,11 +12,11 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_operator.nvml import catalog, driver_branches, errors, machines
+from gpu_operator.nvml import catalog, driver_branches, errors, library, machines
 from gpu_operator.nvml import protocol as p
 from gpu_operator.nvml.catalog import Placement
 
@@ -38,6 +38,11 @@ _ALL_EVENTS = (
 _HBM_MODELS = ("A100", "A30", "H100", "H200", "B200")
 # Bus numbers of the eight GPUs on a DGX A100/H100 baseboard; other machines count up.
 _BOARD_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
+# Driver branches that introduced what the mock emulates per branch (NVML change log).
+BRANCH_RECOVERY_ACTION_FIELD = 565  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (field 230)
+BRANCH_GPM = 520  # GPU performance monitoring (Hopper and later)
+BRANCH_MIG_QUERIES_WITHOUT_MIG = 550  # profile info and placements answer with MIG off
+_GPM_ARCHITECTURES = ("Hopper", "Blackwell", "Rubin")
 
 
 def _mix(*values: int) -> int:
@@ -75,6 +80,7 @@ class _Process:
     load: int
     gpu_instance_id: int | None
     compute_instance_id: int | None
+    started: float = float("-inf")
 
 
 @dataclass
@@ -151,6 +157,15 @@ class MockMachine:
         self._mig_serial = 0
         self._workload_pids = itertools.count(40_000)
         self.nvswitch = spec.has_nvswitch()
+        # Whether `libnvidia-ml.so.1` is on the agent's loader path (the NVIDIA runtime injected
+        # it, or the driver is on the host). When not, only a `driver_root` that holds the
+        # library (see `nvml.library`) lets NVML initialise, as in the toolkit's own pod.
+        self.library_on_loader_path = True
+        # nvmlDeviceGetPcieThroughput samples for 20 ms on real GPUs; tests may emulate the wait
+        # (spent outside the machine lock, so concurrent readers overlap as on real NVML).
+        self.pcie_sample_seconds = 0.0
+        self.pcie_peak_concurrency = 0
+        self._pcie_active = 0
         # The host's loaded driver version, None when no driver is loaded; None as the probe
         # itself means the spec's driver is always loaded (unit tests). The demo reads the
         # node's /proc/driver/nvidia/version.
@@ -174,7 +189,9 @@ class MockMachine:
 
     @classmethod
     def from_preset(cls, name: str, **kwargs: object) -> MockMachine:
-        """Build a machine from a preset such as `dgx-a100` (UnknownMachine if there is none)."""
+        """Build a machine from a preset such as `dgx-a100` (UnknownMachine if there is none);
+        `driver="570.195.03"` emulates another driver branch, `clock` and `seed` as for
+        MockMachine."""
         return cls._build(machines.preset(name), kwargs)
 
     @classmethod
@@ -186,8 +203,13 @@ class MockMachine:
     def _build(cls, spec: machines.MachineSpec, kwargs: dict[str, object]) -> MockMachine:
         clock = kwargs.pop("clock", None)
         seed = kwargs.pop("seed", None)
+        driver = kwargs.pop("driver", None)
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(kwargs)}")
+        if isinstance(driver, str):
+            # Another driver branch for the same GPUs (what NVML offers follows the branch).
+            cuda = driver_branches.cuda_driver_version(driver)
+            spec = spec.model_copy(update={"driver_version": driver, "cuda_driver_version": cuda})
         return cls(
             spec,
             clock=clock if callable(clock) else None,
@@ -233,9 +255,25 @@ class MockMachine:
 
     # -- library handles -------------------------------------------------------------------
 
-    def nvml(self) -> MockNvml:
-        """A fresh library handle (call `init()` on it, as with real NVML)."""
-        return MockNvml(self)
+    def nvml(self, *, privileged: bool = True, driver_root: str | Path | None = None) -> MockNvml:
+        """A fresh library handle (call `init()` on it, as with real NVML).
+
+        `privileged=False` is an agent running as a non-root user: the calls NVML reserves for
+        privileged users raise NoPermission. `driver_root` is where the agent looks for the
+        library when it is not on its loader path (`library_on_loader_path`).
+        """
+        return MockNvml(self, privileged=privileged, driver_root=driver_root)
+
+    @property
+    def driver_branch(self) -> int:
+        """The loaded driver's branch (550 for 550.54.15); 0 when unknown or not loaded."""
+        version = self.loaded_driver()
+        if version is None:
+            return 0
+        try:
+            return driver_branches.branch(version)
+        except driver_branches.DriverVersionError:
+            return 0
 
     def loaded_driver(self) -> str | None:
         """The driver version loaded on the host (see `driver_probe`), or None."""
@@ -372,7 +410,12 @@ class MockMachine:
                 raise ValueError(f"GPU {gpu} has no GPU instance {gpu_instance_id}")
             self._advance_energy(g)
             g.processes[pid] = _Process(
-                pid, used_memory_mib << 20, load, gpu_instance_id, compute_instance_id
+                pid,
+                used_memory_mib << 20,
+                load,
+                gpu_instance_id,
+                compute_instance_id,
+                started=self.clock(),
             )
 
     def stop_process(self, gpu: int, pid: int) -> None:
@@ -458,12 +501,16 @@ class MockMachine:
             g.energy_mj += self._power_mw(g, now) * (now - g.energy_at)
         g.energy_at = now
 
-    def _load(self, g: _Gpu, gi: int | None = None) -> int:
-        procs = [x for x in g.processes.values() if gi is None or x.gpu_instance_id == gi]
+    def _load(self, g: _Gpu, gi: int | None = None, at: float | None = None) -> int:
+        procs = [
+            x
+            for x in g.processes.values()
+            if (gi is None or x.gpu_instance_id == gi) and (at is None or x.started <= at)
+        ]
         return min(100, sum(x.load for x in procs))
 
     def _utilization(self, g: _Gpu, now: float) -> int:
-        load = self._load(g)
+        load = self._load(g, at=now)
         wave = 0.5 + 0.5 * math.sin(2 * math.pi * now / 60.0 + g.phase)
         jitter = (_mix(self.seed, g.index, int(now)) % 2001) / 1000.0 - 1.0
         if load == 0:
@@ -513,7 +560,34 @@ class MockMachine:
             raise errors.NotSupported(
                 f"GPU instance profile {profile_id} is not supported by {g.model.key}"
             )
+        branch = self.driver_branch
+        if branch and profile.min_driver_branch > branch:
+            raise errors.NotSupported(
+                f"GPU instance profile {profile.name} needs a R{profile.min_driver_branch} "
+                f"driver; this one is R{branch}"
+            )
         return profile
+
+    def _gi_profile_by_nvml_id(self, g: _Gpu, nvml_id: int) -> catalog.MigProfile:
+        """The profile NVML addresses by internal id `nvml_id` (the raw library's view)."""
+        profile = g.model.mig_profile_by_nvml_id(nvml_id)
+        if profile is None:
+            raise errors.InvalidArgument(f"invalid GPU instance profile id {nvml_id}")
+        return self._gi_profile(g, profile.profile_id)
+
+    def _pcie_sample(self) -> None:
+        """Wait out the sampling window (outside the lock), counting overlapping samplers."""
+        window = self.pcie_sample_seconds
+        if window <= 0:
+            return
+        with self.lock:
+            self._pcie_active += 1
+            self.pcie_peak_concurrency = max(self.pcie_peak_concurrency, self._pcie_active)
+        try:
+            time.sleep(window)
+        finally:
+            with self.lock:
+                self._pcie_active -= 1
 
     @staticmethod
     def _place(
@@ -610,6 +684,13 @@ class _Handle:
         if self._g.lost:
             raise errors.GpuLost(f"GPU {self._g.index} ({self._g.uuid}) has fallen off the bus")
 
+    def _privileged(self, call: str) -> None:
+        """NVML reserves MIG management and GPU-instance lookups for privileged users."""
+        if not self._lib.privileged:
+            raise errors.NoPermission(
+                f"{call}: {errors.NoPermission.hint} (the caller is not privileged)"
+            )
+
 
 class MockComputeInstance(_Handle):
     def __init__(self, lib: MockNvml, gpu: _Gpu, gi: _Gi, ci: _Ci) -> None:
@@ -628,11 +709,12 @@ class MockComputeInstance(_Handle):
         with self._m.lock:
             self._live("info")
             c = self._ci
-            return p.ComputeInstanceInfo(c.id, c.profile.profile_id, c.placement, self._gi.id)
+            return p.ComputeInstanceInfo(c.id, c.profile.nvml_id, c.placement, self._gi.id)
 
     def destroy(self) -> None:
         with self._m.lock:
             self._live("destroy")
+            self._privileged("destroy")
             if any(
                 x.gpu_instance_id == self._gi.id and x.compute_instance_id == self._ci.id
                 for x in self._g.processes.values()
@@ -654,7 +736,8 @@ class MockGpuInstance(_Handle):
     def info(self) -> p.GpuInstanceInfo:
         with self._m.lock:
             self._live("info")
-            return p.GpuInstanceInfo(self._gi.id, self._gi.profile.profile_id, self._gi.placement)
+            # NVML reports the profile's internal id here, not the enum it was created with.
+            return p.GpuInstanceInfo(self._gi.id, self._gi.profile.nvml_id, self._gi.placement)
 
     def compute_instance_profile_info(
         self, profile_id: int, engine_profile: int = 0
@@ -694,12 +777,14 @@ class MockGpuInstance(_Handle):
     ) -> MockComputeInstance:
         with self._m.lock:
             self._live("create_compute_instance")
+            self._privileged("create_compute_instance")
             ci = self._m._create_ci(self._g, self._gi, profile_id, placement)
             return MockComputeInstance(self._lib, self._g, self._gi, ci)
 
     def compute_instances(self, profile_id: int) -> list[p.ComputeInstance]:
         with self._m.lock:
             self._live("compute_instances")
+            self._privileged("compute_instances")
             self._m._ci_profile(self._gi, profile_id)
             return [
                 MockComputeInstance(self._lib, self._g, self._gi, c)
@@ -710,6 +795,7 @@ class MockGpuInstance(_Handle):
     def destroy(self) -> None:
         with self._m.lock:
             self._live("destroy")
+            self._privileged("destroy")
             if self._gi.cis:
                 raise errors.InUse(
                     f"GPU instance {self._gi.id} still has {len(self._gi.cis)} compute instances"
@@ -760,9 +846,14 @@ class MockDevice(_Handle):
     def memory_info(self) -> p.MemoryInfo:
         with self._m.lock:
             self._enter("memory_info")
+            if self._g.mig_current and not self._lib.privileged:
+                # NVML: with MIG on, the parent's aggregate memory needs privileges.
+                self._privileged("memory_info")
             total = self._g.model.memory_mib << 20
-            used = min(total, sum(x.used_bytes for x in self._g.processes.values()))
-            return p.MemoryInfo(total, total - used, used)
+            reserved = self._g.model.system_reserved_mib << 20
+            used = sum(x.used_bytes for x in self._g.processes.values())
+            used = min(total - reserved, used)
+            return p.MemoryInfo(total, total - reserved - used, used, reserved)
 
     def cuda_compute_capability(self) -> tuple[int, int]:
         with self._m.lock:
@@ -788,6 +879,14 @@ class MockDevice(_Handle):
         if not self._g.model.mig_capable:
             raise errors.NotSupported(f"GPU {self._g.index} ({self._g.model.key}) has no MIG")
 
+    def _require_mig_for_queries(self) -> None:
+        branch = self._m.driver_branch
+        if not self._g.mig_current and branch and branch < BRANCH_MIG_QUERIES_WITHOUT_MIG:
+            raise errors.NotSupported(
+                f"MIG mode is not enabled on GPU {self._g.index} (R{branch} drivers answer "
+                "profile queries only with MIG on)"
+            )
+
     def mig_mode(self) -> p.MigMode:
         with self._m.lock:
             self._enter("mig_mode")
@@ -798,6 +897,7 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("set_mig_mode")
             self._require_mig_capable()
+            self._privileged("set_mig_mode")
             if self._g.gis:
                 raise errors.InUse(
                     f"GPU {self._g.index}: destroy all GPU instances before changing MIG mode"
@@ -844,8 +944,10 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("gpu_instance_profile_info")
             self._require_mig_capable()
+            self._require_mig_for_queries()
             prof = self._m._gi_profile(self._g, profile_id)
             return p.GpuInstanceProfileInfo(
+                id=prof.nvml_id,
                 profile_id=prof.profile_id,
                 name=f"MIG {prof.name}",
                 slice_count=prof.slice_count,
@@ -864,8 +966,7 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("gpu_instance_possible_placements")
             self._require_mig_capable()
-            if not self._g.mig_current:
-                raise errors.NotSupported(f"MIG mode is not enabled on GPU {self._g.index}")
+            self._require_mig_for_queries()
             return list(self._m._gi_profile(self._g, profile_id).placements)
 
     def gpu_instance_remaining_capacity(self, profile_id: int) -> int:
@@ -882,6 +983,7 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("create_gpu_instance")
             self._require_mig_capable()
+            self._privileged("create_gpu_instance")
             gi = self._m._create_gi(self._g, profile_id, placement)
             return MockGpuInstance(self._lib, self._g, gi)
 
@@ -889,6 +991,7 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("gpu_instances")
             self._require_mig_capable()
+            self._privileged("gpu_instances")
             self._m._gi_profile(self._g, profile_id)
             return [
                 MockGpuInstance(self._lib, self._g, gi)
@@ -900,6 +1003,7 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("gpu_instance_by_id")
             self._require_mig_capable()
+            self._privileged("gpu_instance_by_id")
             gi = self._g.gis.get(gpu_instance_id)
             if gi is None:
                 raise errors.NotFound(f"GPU {self._g.index} has no GPU instance {gpu_instance_id}")
@@ -921,6 +1025,15 @@ class MockDevice(_Handle):
     def power_usage(self) -> int:
         with self._m.lock:
             self._enter("power_usage")
+            self._m._advance_energy(self._g)
+            # Since Ampere NVML averages the board power over the last second.
+            now = self._m.clock()
+            samples = [self._m._power_mw(self._g, now - k * 0.25) for k in range(5)]
+            return round(sum(samples) / len(samples))
+
+    def power_usage_instant(self) -> int:
+        with self._m.lock:
+            self._enter("power_usage_instant")
             self._m._advance_energy(self._g)
             return self._m._power_mw(self._g, self._m.clock())
 
@@ -969,6 +1082,9 @@ class MockDevice(_Handle):
     def pcie_throughput(self, counter: p.PcieUtilCounter) -> int:
         with self._m.lock:
             self._enter("pcie_throughput")
+        self._m._pcie_sample()
+        with self._m.lock:
+            self._enter("pcie_throughput")
             # KB/s: busy GPUs stream inputs in (RX) and results out (TX) at a few GB/s.
             util = self._m._utilization(self._g, self._m.clock())
             per_percent = 24_000 if counter == p.PcieUtilCounter.RX_BYTES else 9_000
@@ -1003,6 +1119,12 @@ class MockDevice(_Handle):
     def gpu_recovery_action(self) -> p.RecoveryAction:
         with self._m.lock:
             self._enter("gpu_recovery_action")
+            branch = self._m.driver_branch
+            if branch and branch < BRANCH_RECOVERY_ACTION_FIELD:
+                raise errors.NotSupported(
+                    f"driver R{branch} has no GPU recovery-action field (added in "
+                    f"R{BRANCH_RECOVERY_ACTION_FIELD})"
+                )
             return self._g.recovery
 
     def running_processes(self) -> list[p.ProcessInfo]:
@@ -1012,6 +1134,20 @@ class MockDevice(_Handle):
                 p.ProcessInfo(x.pid, x.used_bytes, x.gpu_instance_id, x.compute_instance_id)
                 for x in sorted(self._g.processes.values(), key=lambda x: x.pid)
             ]
+
+    def gpm_sample(self, gpu_instance_id: int | None = None) -> MockGpmSample:
+        with self._m.lock:
+            self._enter("gpm_sample")
+            branch = self._m.driver_branch
+            if self._g.model.architecture not in _GPM_ARCHITECTURES or (
+                branch and branch < BRANCH_GPM
+            ):
+                raise errors.NotSupported(
+                    f"GPU {self._g.index} ({self._g.model.key}) has no GPU performance monitoring"
+                )
+            if gpu_instance_id is not None and gpu_instance_id not in self._g.gis:
+                raise errors.NotFound(f"GPU {self._g.index} has no GPU instance {gpu_instance_id}")
+            return MockGpmSample(self._g.index, gpu_instance_id, self._m.clock())
 
     def _require_nvlink(self, link: int) -> None:
         if not self._m.nvswitch or self._g.model.nvlink_count == 0:
@@ -1056,7 +1192,7 @@ class MockDevice(_Handle):
                 raise errors.NotSupported(
                     f"GPU {self._g.index} is not attached to an NVLink fabric"
                 )
-            return p.FabricInfo(fabric.cluster_uuid, fabric.clique_id, True)
+            return p.FabricInfo(fabric.cluster_uuid, fabric.clique_id, fabric.state, fabric.status)
 
 
 class MockMigDevice(MockDevice):
@@ -1105,7 +1241,7 @@ class MockMigDevice(MockDevice):
 
     def memory_info(self) -> p.MemoryInfo:
         with self._m.lock:
-            self._enter("memory_info")
+            self._enter("memory_info")  # a MIG device's own memory needs no privileges
             total = self._gi.profile.memory_mb << 20
             used = sum(
                 x.used_bytes for x in self._g.processes.values() if x.gpu_instance_id == self._gi.id
@@ -1208,6 +1344,12 @@ class MockMigDevice(MockDevice):
     def power_usage(self) -> int:
         raise self._not_for_mig("power_usage")
 
+    def power_usage_instant(self) -> int:
+        raise self._not_for_mig("power_usage_instant")
+
+    def gpm_sample(self, gpu_instance_id: int | None = None) -> MockGpmSample:
+        raise self._not_for_mig("gpm_sample (sample the parent with the GPU instance id)")
+
     def total_energy_consumption(self) -> int:
         raise self._not_for_mig("total_energy_consumption")
 
@@ -1277,11 +1419,33 @@ class MockEventSet:
                 self._m._event_sets.remove(self)
 
 
+@dataclass
+class MockGpmSample:
+    """A GPU performance-monitoring snapshot: when, of which GPU (and GPU instance)."""
+
+    gpu: int
+    gpu_instance_id: int | None
+    taken_at: float
+    freed: bool = False
+
+    def free(self) -> None:
+        self.freed = True
+
+
 class MockNvml:
     """The library handle over a `MockMachine`; implements the `Nvml` Protocol."""
 
-    def __init__(self, machine: MockMachine) -> None:
+    def __init__(
+        self,
+        machine: MockMachine,
+        *,
+        privileged: bool = True,
+        driver_root: str | Path | None = None,
+    ) -> None:
         self.machine = machine
+        self.privileged = privileged
+        self.driver_root = driver_root
+        self._library_loaded = False  # the caller loaded it itself (mock_pynvml's nvmlLib)
         self._refs = 0
 
     def _require_init(self) -> None:
@@ -1295,6 +1459,13 @@ class MockNvml:
     def init(self) -> None:
         with self.machine.lock:
             self.machine._check_fault("init", None)
+            if not self.machine.library_on_loader_path and not self._library_loaded:
+                roots = [] if self.driver_root is None else [self.driver_root]
+                if library.find(roots) is None:
+                    raise errors.LibraryNotFound(
+                        f"{errors.LibraryNotFound.hint} ({library.NVML_LIBRARY} is not on the "
+                        f"loader path nor in {library.describe(roots)})"
+                    )
             self.machine._require_driver()
             self._refs += 1
 
@@ -1356,3 +1527,30 @@ class MockNvml:
             event_set = MockEventSet(self)
             self.machine._event_sets.append(event_set)
             return event_set
+
+    def gpm_metrics(
+        self, first: p.GpmSample, second: p.GpmSample, metrics: Sequence[p.GpmMetric]
+    ) -> dict[p.GpmMetric, float]:
+        """Activity between two samples of one GPU (instance), from the simulated load."""
+        if not isinstance(first, MockGpmSample) or not isinstance(second, MockGpmSample):
+            raise errors.InvalidArgument("GPM samples belong to another backend")
+        with self.machine.lock:
+            self._enter("gpm_metrics")
+            if first.freed or second.freed:
+                raise errors.InvalidArgument("GPM sample has been freed")
+            same = (first.gpu, first.gpu_instance_id) == (second.gpu, second.gpu_instance_id)
+            if not same or second.taken_at <= first.taken_at:
+                raise errors.InvalidArgument("GPM samples of different devices or out of order")
+            g = self.machine._gpu(second.gpu)
+            load = float(self.machine._load(g, second.gpu_instance_id))
+            share = {
+                p.GpmMetric.GRAPHICS_UTIL: 1.0,
+                p.GpmMetric.SM_UTIL: 0.9,
+                p.GpmMetric.SM_OCCUPANCY: 0.6,
+                p.GpmMetric.ANY_TENSOR_UTIL: 0.5,
+                p.GpmMetric.DRAM_BW_UTIL: 0.4,
+                p.GpmMetric.FP64_UTIL: 0.0,
+                p.GpmMetric.FP32_UTIL: 0.3,
+                p.GpmMetric.FP16_UTIL: 0.2,
+            }
+            return {m: round(load * share[m], 2) for m in metrics}

@@ -7,6 +7,7 @@ NVML docs finds the call, and errors are always our `gpu_operator.nvml.errors` t
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +25,8 @@ __all__ = [
     "EventSet",
     "EventType",
     "FabricInfo",
+    "GpmMetric",
+    "GpmSample",
     "GpuInstance",
     "GpuInstanceInfo",
     "GpuInstanceProfileInfo",
@@ -82,6 +85,22 @@ class RecoveryAction(enum.IntEnum):
     SYSTEM_REBOOT = 7
 
 
+class GpmMetric(enum.IntEnum):
+    """GPU performance-monitoring metrics (nvmlGpmMetricId_t), percent 0..100 over an interval."""
+
+    GRAPHICS_UTIL = 1  # any compute/graphics work active: DCGM's GR_ENGINE_ACTIVE x 100
+    SM_UTIL = 2
+    SM_OCCUPANCY = 3
+    ANY_TENSOR_UTIL = 5
+    DRAM_BW_UTIL = 10
+    FP64_UTIL = 11
+    FP32_UTIL = 12
+    FP16_UTIL = 13
+
+
+FABRIC_STATE_COMPLETED = 3  # nvmlGpuFabricState_t
+
+
 class PcieUtilCounter(enum.IntEnum):
     """Direction of a PCIe throughput sample (nvmlPcieUtilCounter_t)."""
 
@@ -109,11 +128,13 @@ class PciInfo:
 
 @dataclass(frozen=True)
 class MemoryInfo:
-    """Framebuffer memory in bytes."""
+    """Framebuffer memory in bytes, as NVML's memory v2 reports it: `used` is what processes
+    allocated, `reserved` what the driver and firmware keep (total = free + used + reserved)."""
 
     total: int
     free: int
     used: int
+    reserved: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,15 +171,25 @@ class RemappedRows:
 
 @dataclass(frozen=True)
 class FabricInfo:
-    """NVLink fabric membership (multi-node NVLink); cluster UUID and clique id."""
+    """NVLink fabric membership (multi-node NVLink): cluster UUID, clique id, the probe's state
+    (nvmlGpuFabricState_t) and its outcome (an NVML return code, 0 = success)."""
 
     cluster_uuid: str
     clique_id: int
-    completed: bool
+    state: int
+    status: int = 0
+
+    @property
+    def completed(self) -> bool:
+        """The fabric manager finished registering the GPU, successfully."""
+        return self.state == FABRIC_STATE_COMPLETED and self.status == 0
 
 
 @dataclass(frozen=True)
 class GpuInstanceProfileInfo:
+    """One GPU-instance profile: `profile_id` is the enum asked for (nvmlGpuInstanceProfile*),
+    `id` NVML's internal id of it (what `GpuInstanceInfo.profile_id` holds)."""
+
     profile_id: int
     name: str
     slice_count: int
@@ -171,6 +202,7 @@ class GpuInstanceProfileInfo:
     jpeg_count: int
     ofa_count: int
     is_p2p_supported: bool
+    id: int
 
 
 @dataclass(frozen=True)
@@ -183,6 +215,8 @@ class ComputeInstanceProfileInfo:
 
 @dataclass(frozen=True)
 class GpuInstanceInfo:
+    """A GPU instance; `profile_id` is NVML's internal profile id (not the enum)."""
+
     id: int
     profile_id: int
     placement: Placement
@@ -220,6 +254,12 @@ class EventData:
     event_data: int
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+
+
+class GpmSample(Protocol):
+    """An opaque GPU performance-monitoring snapshot; free it when no longer needed."""
+
+    def free(self) -> None: ...
 
 
 class ComputeInstance(Protocol):
@@ -279,6 +319,7 @@ class Device(Protocol):
     def utilization(self) -> Utilization: ...
     def temperature(self) -> int: ...
     def power_usage(self) -> int: ...
+    def power_usage_instant(self) -> int: ...
     def total_energy_consumption(self) -> int: ...
     def clock(self, clock_type: ClockType) -> int: ...
     def encoder_utilization(self) -> int: ...
@@ -291,6 +332,7 @@ class Device(Protocol):
     def supported_event_types(self) -> EventType: ...
     def gpu_recovery_action(self) -> RecoveryAction: ...
     def running_processes(self) -> list[ProcessInfo]: ...
+    def gpm_sample(self, gpu_instance_id: int | None = None) -> GpmSample: ...
 
     # Interconnect
     def nvlink_state(self, link: int) -> bool: ...
@@ -317,3 +359,6 @@ class Nvml(Protocol):
     def device_by_index(self, index: int) -> Device: ...
     def device_by_uuid(self, uuid: str) -> Device: ...
     def event_set(self) -> EventSet: ...
+    def gpm_metrics(
+        self, first: GpmSample, second: GpmSample, metrics: Sequence[GpmMetric]
+    ) -> dict[GpmMetric, float]: ...

@@ -1,20 +1,25 @@
 """The real backend: the `Nvml` Protocol on nvidia-ml-py (`pynvml`), NVML errors mapped to ours.
 
 pynvml is imported when a `RealNvml` is built, so importing this module never needs the driver.
+docs/gpu-layer.md ("What real NVML does") lists the NVML behaviours this module accounts for.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib
-from collections.abc import Callable
+import logging
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpu_operator.nvml import errors
+from gpu_operator.nvml import errors, library, pciaddr
 from gpu_operator.nvml import protocol as p
 from gpu_operator.nvml.catalog import Placement
+
+log = logging.getLogger("gpu_operator.nvml")
 
 _ARCHITECTURES = {
     2: "Kepler",
@@ -47,12 +52,20 @@ _BRANDS = {
     15: "GeForceRTX",
     16: "TitanRTX",
 }
-_FABRIC_COMPLETED = 3
 _NO_ID = 0xFFFFFFFF
 _FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP: HBM boards only; others answer NotSupported
+_FI_POWER_INSTANT = 186  # NVML_FI_DEV_POWER_INSTANT (R535+), milliwatts
 # nvmlValueType_t -> the member of the nvmlValue_t union that holds it.
 _VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
-_FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; older drivers: NotSupported
+_FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R565+)
+# What a field id the driver does not know yet comes back as, per field: drivers older than the
+# field answer with one of these rather than NOT_SUPPORTED, and all of them mean "not here".
+_FIELD_ABSENT = frozenset(
+    {errors.ERROR_NOT_SUPPORTED, errors.ERROR_INVALID_ARGUMENT, errors.ERROR_FUNCTION_NOT_FOUND}
+)
+# A versioned call the driver predates (the library has the symbol or the version, not both).
+_ARGUMENT_VERSION_MISMATCH = 25
+_CALL_ABSENT = frozenset({errors.ERROR_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
 
 
 def _text(value: Any) -> str:
@@ -74,6 +87,8 @@ class _Calls:
             cls = errors.class_for_code(code)
             # Keep our actionable hint for the codes that have one; add NVML's own text.
             detail = f"{name}: {err}"
+            if code == errors.ERROR_NO_PERMISSION:
+                detail += f"; this process runs as uid {os.geteuid()}"
             message = f"{cls.hint} ({detail})" if cls.hint else detail
             raise errors.from_code(code, message) from None
 
@@ -86,6 +101,18 @@ def _load_pynvml() -> ModuleType:
             "NVML library not found: is the NVIDIA driver installed on this node? "
             "(the nvidia-ml-py package is missing)"
         ) from None
+
+
+def _placements(call: _Calls, name: str, handle: Any, nvml_id: int, kind: Any) -> list[Placement]:
+    """A profile's possible placements, asked for twice as NVML documents: the count first
+    (a NULL array), then into an array of that size. A profile can have more placements than
+    instances (1g+me: one instance, seven places), so the instance count is no bound."""
+    count = ctypes.c_uint(0)
+    call(name, handle, nvml_id, None, ctypes.byref(count))
+    arr = (kind * max(1, count.value))()
+    count = ctypes.c_uint(len(arr))
+    call(name, handle, nvml_id, arr, ctypes.byref(count))
+    return [Placement(arr[i].start, arr[i].size) for i in range(count.value)]
 
 
 class RealComputeInstance:
@@ -125,18 +152,14 @@ class RealGpuInstance:
         )
 
     def compute_instance_possible_placements(self, profile_id: int) -> list[Placement]:
-        lib = self._call.lib
         info = self.compute_instance_profile_info(profile_id)
-        arr = (lib.c_nvmlComputeInstancePlacement_t * max(1, info.instance_count))()
-        count = ctypes.c_uint(len(arr))
-        self._call(
+        return _placements(
+            self._call,
             "nvmlGpuInstanceGetComputeInstancePossiblePlacements",
             self._h,
-            info.profile_id,
-            arr,
-            ctypes.byref(count),
+            info.profile_id,  # NVML's internal id, as the profile info reports it
+            self._call.lib.c_nvmlComputeInstancePlacement_t,
         )
-        return [Placement(arr[i].start, arr[i].size) for i in range(count.value)]
 
     def compute_instance_remaining_capacity(self, profile_id: int) -> int:
         info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", self._h, profile_id, 0)
@@ -194,9 +217,7 @@ class RealDevice:
 
     def pci_class(self) -> int:
         # NVML does not report the PCI class; sysfs does (e.g. 0x030200 for a 3D controller).
-        bus = self.pci_info().bus_id.lower()
-        if bus.startswith("0000") and len(bus.split(":")[0]) == 8:
-            bus = bus[4:]
+        bus = pciaddr.sysfs_name(self.pci_info().bus_id)
         try:
             return int(Path(f"/sys/bus/pci/devices/{bus}/class").read_text(), 16) >> 8
         except (OSError, ValueError) as err:
@@ -206,6 +227,19 @@ class RealDevice:
         return int(self._call("nvmlDeviceGetMinorNumber", self._h))
 
     def memory_info(self) -> p.MemoryInfo:
+        # Version 1 counts the driver's reserved memory as used; version 2 (R510+) reports it
+        # apart, as DCGM exports it. Allocated memory is what neither free nor reserved holds,
+        # whichever way a driver splits `used` (the v2 docs changed their note on it).
+        version = getattr(self._call.lib, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                info = self._call("nvmlDeviceGetMemoryInfo", self._h, version)
+            except errors.NvmlError as err:
+                if err.code not in _CALL_ABSENT:
+                    raise
+            else:
+                total, free, reserved = int(info.total), int(info.free), int(info.reserved)
+                return p.MemoryInfo(total, free, max(0, total - free - reserved), reserved)
         info = self._call("nvmlDeviceGetMemoryInfo", self._h)
         return p.MemoryInfo(int(info.total), int(info.free), int(info.used))
 
@@ -265,6 +299,7 @@ class RealDevice:
     def gpu_instance_profile_info(self, profile_id: int) -> p.GpuInstanceProfileInfo:
         i = self._call("nvmlDeviceGetGpuInstanceProfileInfo", self._h, profile_id)
         return p.GpuInstanceProfileInfo(
+            id=int(i.id),
             profile_id=profile_id,
             name=_text(i.name),
             slice_count=i.sliceCount,
@@ -285,14 +320,14 @@ class RealDevice:
         return int(info.id), int(info.instanceCount)
 
     def gpu_instance_possible_placements(self, profile_id: int) -> list[Placement]:
-        lib = self._call.lib
-        pid, n = self._gi_profile_id(profile_id)
-        arr = (lib.c_nvmlGpuInstancePlacement_t * max(1, n))()
-        count = ctypes.c_uint(len(arr))
-        self._call(
-            "nvmlDeviceGetGpuInstancePossiblePlacements", self._h, pid, arr, ctypes.byref(count)
+        pid, _ = self._gi_profile_id(profile_id)
+        return _placements(
+            self._call,
+            "nvmlDeviceGetGpuInstancePossiblePlacements",
+            self._h,
+            pid,
+            self._call.lib.c_nvmlGpuInstancePlacement_t,
         )
-        return [Placement(arr[i].start, arr[i].size) for i in range(count.value)]
 
     def gpu_instance_remaining_capacity(self, profile_id: int) -> int:
         pid, _ = self._gi_profile_id(profile_id)
@@ -333,6 +368,11 @@ class RealDevice:
     def power_usage(self) -> int:
         return int(self._call("nvmlDeviceGetPowerUsage", self._h))
 
+    def power_usage_instant(self) -> int:
+        # nvmlDeviceGetPowerUsage averages over a second on Ampere and later; the field is the
+        # instantaneous reading DCGM_FI_DEV_POWER_USAGE_INSTANT carries.
+        return int(self._field_value(_FI_POWER_INSTANT, "instantaneous power"))
+
     def total_energy_consumption(self) -> int:
         return int(self._call("nvmlDeviceGetTotalEnergyConsumption", self._h))
 
@@ -361,9 +401,14 @@ class RealDevice:
     def _field_value(self, field_id: int, what: str) -> float | int:
         value = self._call("nvmlDeviceGetFieldValues", self._h, [field_id])[0]
         code = int(value.nvmlReturn)
+        if code in _FIELD_ABSENT:
+            raise errors.NotSupported(
+                f"nvmlDeviceGetFieldValues: {what} (field {field_id}) is not available from "
+                f"this GPU or driver (NVML code {code})"
+            )
         if code != errors.SUCCESS:
-            raise errors.from_code(code, f"nvmlDeviceGetFieldValues: {what}")
-        member = _VALUE_MEMBERS.get(int(value.valueType), "uiVal")
+            raise errors.from_code(code, f"nvmlDeviceGetFieldValues: {what} (field {field_id})")
+        member = _VALUE_MEMBERS.get(int(getattr(value, "valueType", 1)), "uiVal")
         number: float | int = getattr(value.value, member)
         return number
 
@@ -376,11 +421,7 @@ class RealDevice:
         return p.EventType(int(self._call("nvmlDeviceGetSupportedEventTypes", self._h)) & 0x1F)
 
     def gpu_recovery_action(self) -> p.RecoveryAction:
-        values = self._call("nvmlDeviceGetFieldValues", self._h, [_FI_GPU_RECOVERY_ACTION])
-        code = int(values[0].nvmlReturn)
-        if code != errors.SUCCESS:
-            raise errors.from_code(code, "nvmlDeviceGetFieldValues: GPU recovery action")
-        action = int(values[0].value.uiVal)
+        action = int(self._field_value(_FI_GPU_RECOVERY_ACTION, "GPU recovery action"))
         try:
             return p.RecoveryAction(action)
         except ValueError:
@@ -402,6 +443,21 @@ class RealDevice:
             )
         return out
 
+    def gpm_sample(self, gpu_instance_id: int | None = None) -> RealGpmSample:
+        support = self._call("nvmlGpmQueryDeviceSupport", self._h)
+        if not int(support.isSupportedDevice):
+            raise errors.NotSupported("this GPU has no GPU performance monitoring (Hopper+)")
+        handle = self._call("nvmlGpmSampleAlloc")
+        try:
+            if gpu_instance_id is None:
+                self._call("nvmlGpmSampleGet", self._h, handle)
+            else:
+                self._call("nvmlGpmMigSampleGet", self._h, gpu_instance_id, handle)
+        except errors.NvmlError:
+            self._call("nvmlGpmSampleFree", handle)
+            raise
+        return RealGpmSample(self._call, handle)
+
     def nvlink_state(self, link: int) -> bool:
         return bool(self._call("nvmlDeviceGetNvLinkState", self._h, link))
 
@@ -416,28 +472,74 @@ class RealDevice:
         return p.TopologyLevel(level)
 
     def fabric_info(self) -> p.FabricInfo:
+        # The versioned call (R550+) replaces the plain one, which pynvml marks deprecated.
         lib = self._call.lib
-        info = lib.c_nvmlGpuFabricInfo_t()
-        self._call("nvmlDeviceGetGpuFabricInfo", self._h, ctypes.byref(info))
-        uuid = bytes(info.clusterUuid)
-        text = uuid.hex()
+        info: Any = None
+        if hasattr(lib, "c_nvmlGpuFabricInfoV_t"):
+            info = lib.c_nvmlGpuFabricInfoV_t()
+            try:
+                self._call("nvmlDeviceGetGpuFabricInfoV", self._h, ctypes.byref(info))
+            except errors.NvmlError as err:
+                if err.code not in _CALL_ABSENT:
+                    raise
+                info = None
+        if info is None:
+            info = lib.c_nvmlGpuFabricInfo_t()
+            self._call("nvmlDeviceGetGpuFabricInfo", self._h, ctypes.byref(info))
+        text = bytes(info.clusterUuid).hex()
         cluster = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
-        return p.FabricInfo(cluster, int(info.cliqueId), int(info.state) == _FABRIC_COMPLETED)
+        return p.FabricInfo(cluster, int(info.cliqueId), int(info.state), int(info.status))
+
+
+class RealGpmSample:
+    """An nvmlGpmSample_t; `free` returns it to NVML (idempotent)."""
+
+    def __init__(self, call: _Calls, handle: Any) -> None:
+        self._call = call
+        self.handle = handle
+        self._freed = False
+
+    def free(self) -> None:
+        if not self._freed:
+            self._freed = True
+            self._call("nvmlGpmSampleFree", self.handle)
+
+
+def _handle_key(handle: Any) -> Any:
+    """A stable key for a device handle: the address behind a ctypes pointer."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 class RealEventSet:
     def __init__(self, call: _Calls, handle: Any) -> None:
         self._call = call
         self._h = handle
+        # UUID by device handle, learnt at registration: an event from a GPU that has since
+        # fallen off the bus must still name it, and the GPU no longer answers by then.
+        self._uuids: dict[Any, str] = {}
 
     def register(self, device: p.Device, event_types: p.EventType) -> None:
         if not isinstance(device, RealDevice):
             raise errors.InvalidArgument("device handle belongs to another backend")
+        uuid = device.uuid()
         self._call("nvmlDeviceRegisterEvents", device._h, int(event_types), self._h)
+        self._uuids[_handle_key(device._h)] = uuid
+
+    def _uuid_of(self, handle: Any) -> str:
+        known = self._uuids.get(_handle_key(handle))
+        if known is not None:
+            return known
+        try:
+            return _text(self._call("nvmlDeviceGetUUID", handle))
+        except errors.NvmlError as err:
+            log.warning("event from a GPU that does not answer (%s)", err)
+            return ""
 
     def wait(self, timeout_ms: int) -> p.EventData:
         data = self._call("nvmlEventSetWait_v2", self._h, timeout_ms)
-        uuid = _text(self._call("nvmlDeviceGetUUID", data.device))
+        uuid = self._uuid_of(data.device)
         gi = int(data.gpuInstanceId)
         ci = int(data.computeInstanceId)
         return p.EventData(
@@ -453,12 +555,62 @@ class RealEventSet:
 
 
 class RealNvml:
-    """NVML on this node, through nvidia-ml-py."""
+    """NVML on this node, through nvidia-ml-py.
 
-    def __init__(self) -> None:
-        self._call = _Calls(_load_pynvml())
+    `driver_root` (one or several) is where the driver lives as this container sees it; the
+    library is loaded from there first, as NVIDIA's components load it, then from the loader
+    path, then from the usual mount points of a driver root (`nvml.library`). `module` and
+    `load_library` replace pynvml and ctypes.CDLL (tests run this class on a simulated NVML).
+    """
+
+    def __init__(
+        self,
+        driver_root: str | Path | Sequence[str | Path] | None = None,
+        *,
+        module: ModuleType | Any | None = None,
+        load_library: Callable[[str], Any] | None = None,
+    ) -> None:
+        self._call = _Calls(module if module is not None else _load_pynvml())
+        if driver_root is None:
+            roots: list[str | Path] = []
+        elif isinstance(driver_root, (str, Path)):
+            roots = [driver_root]
+        else:
+            roots = list(driver_root)
+        self.driver_roots = roots
+        self._load_library = load_library or ctypes.CDLL
+
+    def _bind(self, roots: Sequence[str | Path]) -> bool:
+        """Load the library from the first root that has it; False when none has."""
+        path = library.find(roots)
+        if path is None:
+            return False
+        try:
+            # pynvml loads the library only while `nvmlLib` is unset; set, init uses ours.
+            setattr(self._call.lib, "nvmlLib", self._load_library(str(path)))  # noqa: B010
+        except OSError as err:
+            raise errors.LibraryNotFound(
+                f"{errors.LibraryNotFound.hint} ({path} cannot be loaded: {err})"
+            ) from None
+        log.info("loaded %s", path)
+        return True
 
     def init(self) -> None:
+        lib = self._call.lib
+        if getattr(lib, "nvmlLib", None) is None and self.driver_roots:
+            self._bind(self.driver_roots)
+        try:
+            self._call("nvmlInit")
+            return
+        except errors.LibraryNotFound:
+            fallback = [r for r in library.WELL_KNOWN_ROOTS if r not in self.driver_roots]
+            if getattr(lib, "nvmlLib", None) is not None or not self._bind(fallback):
+                searched = library.describe([*self.driver_roots, *fallback])
+                raise errors.LibraryNotFound(
+                    f"{errors.LibraryNotFound.hint} ({library.NVML_LIBRARY} is not on the "
+                    f"loader path nor in {searched}: mount the driver root into the pod, or "
+                    "run it with the NVIDIA runtime and NVIDIA_VISIBLE_DEVICES set)"
+                ) from None
         self._call("nvmlInit")
 
     def shutdown(self) -> None:
@@ -484,3 +636,28 @@ class RealNvml:
 
     def event_set(self) -> RealEventSet:
         return RealEventSet(self._call, self._call("nvmlEventSetCreate"))
+
+    def gpm_metrics(
+        self, first: p.GpmSample, second: p.GpmSample, metrics: Sequence[p.GpmMetric]
+    ) -> dict[p.GpmMetric, float]:
+        if not isinstance(first, RealGpmSample) or not isinstance(second, RealGpmSample):
+            raise errors.InvalidArgument("GPM samples belong to another backend")
+        lib = self._call.lib
+        query = lib.c_nvmlGpmMetricsGet_t()
+        query.version = lib.NVML_GPM_METRICS_GET_VERSION
+        query.numMetrics = len(metrics)
+        query.sample1 = first.handle
+        query.sample2 = second.handle
+        for i, metric in enumerate(metrics):
+            query.metrics[i].metricId = int(metric)
+        self._call("nvmlGpmMetricsGet", query)
+        out: dict[p.GpmMetric, float] = {}
+        for i, metric in enumerate(metrics):
+            if int(query.metrics[i].nvmlReturn) == errors.SUCCESS:
+                out[metric] = float(query.metrics[i].value)
+        return out
+
+
+def opener(driver_root: str | Path | Sequence[str | Path] | None = None) -> Callable[[], RealNvml]:
+    """A factory of RealNvml handles that load the library from `driver_root` first."""
+    return lambda: RealNvml(driver_root)

@@ -8,6 +8,10 @@ controller's server-side apply does the same thing, so the plan says what the op
 The comparison models a forced server-side apply: a field the desired object sets takes the desired
 value; a field only the live object has stays (another field manager owns it). So a pod template
 the live object already satisfies is not changed, whatever the API server defaulted into it.
+Where `gpu-operator adopt` could ask the API server (a dry run of the operator's first write of
+each object: the takeover patch of operands/takeover.py, or the apply), its answer (`Trial`)
+decides instead: a refused write is `blocked` with the server's message, and the fields that
+change, and whether a pod template changes, are read from the object the server would store.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from gpu_operator.api import keys
+from gpu_operator.operands import takeover
 
 Verdict = Literal["adopt", "patch", "replace", "create", "delete", "blocked"]
 VERDICTS: Final[tuple[Verdict, ...]] = ("adopt", "patch", "replace", "create", "delete", "blocked")
@@ -45,8 +50,18 @@ EXIT_BLOCKED: Final = 4
 
 
 @dataclass(frozen=True)
+class Trial:
+    """The API server's answer to a dry run of the operator's first write of an object: the
+    object it would store, or why it refuses the write."""
+
+    result: Mapping[str, Any] | None = None
+    rejected: str | None = None
+
+
+@dataclass(frozen=True)
 class ObjectPlan:
-    """What adopting one object does; `changes` are field paths whose value changes."""
+    """What adopting one object does; `changes` are field paths whose value changes;
+    `restarts` the pods that would restart for it."""
 
     kind: str
     name: str
@@ -56,6 +71,7 @@ class ObjectPlan:
     changes: tuple[str, ...] = ()
     rolls: bool = False
     pods_kept: bool = True
+    restarts: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -75,6 +91,11 @@ class AdoptionPlan:
     @property
     def rolling(self) -> tuple[ObjectPlan, ...]:
         return tuple(o for o in self.objects if o.rolls)
+
+    @property
+    def restarts(self) -> tuple[str, ...]:
+        """Every pod that would restart, sorted."""
+        return tuple(sorted({pod for o in self.objects for pod in o.restarts}))
 
     @property
     def exit_code(self) -> int:
@@ -163,10 +184,92 @@ def _text(selector: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector.items())) or "<none>"
 
 
-def plan_object(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> ObjectPlan:
-    """The verdict for one desired object against its live namesake (None: not there)."""
+def _pods_of(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    uid = (obj.get("metadata") or {}).get("uid")
+    if not uid:
+        return ()
+    return tuple(
+        sorted(
+            str((p.get("metadata") or {}).get("name"))
+            for p in pods
+            if any(
+                o.get("uid") == uid for o in (p.get("metadata") or {}).get("ownerReferences") or []
+            )
+        )
+    )
+
+
+def content_changes(live: Any, result: Any, path: str = "", name: str | None = None) -> list[str]:
+    """Paths where `result` (what the API server would store) differs from `live`: content,
+    labels, annotations (our bookkeeping left out) and owner references; not status."""
+    if not path:
+        found: list[str] = []
+        for key in sorted({*(live or {}), *(result or {})}):
+            if key in takeover.NOT_CONTENT:
+                continue
+            found += content_changes(live.get(key), result.get(key), key, key)
+        old_meta, new_meta = live.get("metadata") or {}, result.get("metadata") or {}
+        for field_name in ("labels", "annotations"):
+            before, after = old_meta.get(field_name) or {}, new_meta.get(field_name) or {}
+            for k in sorted({*before, *after}):
+                where = f"metadata.{field_name}[{k}]"
+                if before.get(k) != after.get(k) and where not in BOOKKEEPING:
+                    found.append(where)
+        if old_meta.get("ownerReferences") != new_meta.get("ownerReferences"):
+            found.append("metadata.ownerReferences")
+        return found
+    if isinstance(live, Mapping) and isinstance(result, Mapping):
+        found = []
+        for key in sorted({*live, *result}):
+            found += content_changes(live.get(key), result.get(key), f"{path}.{key}", key)
+        return found
+    if isinstance(live, list) and isinstance(result, list):
+        keys = takeover.list_keys(name, [*live, *result])
+        if keys is not None:
+
+            def by_key(items: list[Any]) -> dict[str, Any]:
+                return {_item_key(i, keys): i for i in items if isinstance(i, Mapping)}
+
+            before, after = by_key(live), by_key(result)
+            found = []
+            for key in sorted({*before, *after}):
+                found += content_changes(before.get(key), after.get(key), f"{path}[{key}]", name)
+            if not found and [*before] != [*after]:
+                found.append(f"{path} (order)")
+            return found
+    return [] if live == result else [path]
+
+
+def _item_key(item: Mapping[str, Any], keys: tuple[str, ...]) -> str:
+    """A keyed list item's name in a path: its key values, defaulted ones left out
+    (`ports[8080]`, `ports[53,UDP]`)."""
+    values = [item.get(k, takeover.KEY_DEFAULTS.get(k)) for k in keys]
+    shown = [str(v) for k, v in zip(keys, values, strict=True) if v != takeover.KEY_DEFAULTS.get(k)]
+    return ",".join(shown or [str(v) for v in values])
+
+
+def _template(obj: Mapping[str, Any]) -> Any:
+    return (obj.get("spec") or {}).get("template")
+
+
+def plan_object(
+    desired: Mapping[str, Any],
+    live: Mapping[str, Any] | None,
+    trial: Trial | None = None,
+    pods: Sequence[Mapping[str, Any]] = (),
+    *,
+    auto_upgrade: bool = True,
+) -> ObjectPlan:
+    """The verdict for one desired object against its live namesake (None: not there), with the
+    API server's answer to a dry run of the write where there is one; `pods` are the operand
+    pods (the ones of a workload whose template changes restart)."""
     kind, namespace, name = _key(desired)
     if live is None:
+        if trial is not None and trial.rejected:
+            return ObjectPlan(
+                kind, name, namespace, "blocked",
+                f"the API server would refuse to create it: {trial.rejected}",
+            )  # fmt: skip
         return ObjectPlan(kind, name, namespace, "create", "not there yet")
     wanted_uid = _controller_uid(desired)
     live_uid = _controller_uid(live)
@@ -188,26 +291,47 @@ def plan_object(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> O
             f"spec.selector {_text(old)} -> {_text(new)} is immutable: deleted and created "
             f"again; {how}",
             changes=("spec.selector",), rolls=not kept, pods_kept=kept,
+            restarts=() if kept else _pods_of(live, pods),
+        )  # fmt: skip
+    if trial is not None and trial.rejected:
+        return ObjectPlan(
+            kind, name, namespace, "blocked",
+            f"the API server would reject the write (the operator would retry it forever): "
+            f"{trial.rejected}",
         )  # fmt: skip
     changes = tuple(differences(desired, live))
-    substantive = tuple(c for c in changes if c not in BOOKKEEPING)
+    if trial is not None and trial.result is not None:
+        substantive = tuple(content_changes(live, trial.result))
+        template_changed = kind in WORKLOADS and _template(trial.result) != _template(live)
+    else:
+        substantive = tuple(c for c in changes if c not in BOOKKEEPING)
+        template_changed = kind in WORKLOADS and any(
+            c.startswith("spec.template.") for c in substantive
+        )
     if not substantive:
         why = "equal in substance" + ("; our bookkeeping added" if changes else "")
         return ObjectPlan(kind, name, namespace, "adopt", why, changes=changes)
-    template = tuple(c for c in substantive if c.startswith("spec.template."))
-    rolls = bool(template) and kind in WORKLOADS
-    if not rolls:
+    on_delete = _strategy(live) == "OnDelete"
+    restarts: tuple[str, ...] = ()
+    if not template_changed:
         reason = "patched in place; pods do not restart"
-    elif _strategy(live) == "OnDelete":
+    elif on_delete and auto_upgrade:
         reason = (
-            "pod template changes; OnDelete: running pods are not restarted by the DaemonSet "
-            "(the driver upgrade flow restarts them if autoUpgrade is on)"
+            "pod template changes; OnDelete: the driver upgrade flow restarts its pods node by "
+            "node (autoUpgrade is on)"
+        )
+        restarts = _pods_of(live, pods)
+    elif on_delete:
+        reason = (
+            "pod template changes; OnDelete: running pods are kept until someone deletes them "
+            "(autoUpgrade is off)"
         )
     else:
         reason = "pod template changes: pods roll once"
+        restarts = _pods_of(live, pods)
     return ObjectPlan(
-        kind, name, namespace, "patch", reason, changes=substantive, rolls=rolls,
-        pods_kept=not rolls or _strategy(live) == "OnDelete",
+        kind, name, namespace, "patch", reason, changes=substantive, rolls=template_changed,
+        pods_kept=not template_changed or on_delete, restarts=restarts,
     )  # fmt: skip
 
 
@@ -216,9 +340,14 @@ def plan(
     live: Iterable[Mapping[str, Any]],
     *,
     policy_uid: str | None,
+    trials: Mapping[tuple[str, str, str], Trial] | None = None,
+    pods: Sequence[Mapping[str, Any]] = (),
+    auto_upgrade: bool = True,
 ) -> AdoptionPlan:
     """Plan the takeover of `live` operand objects by the `desired` ones, as the operator writes
-    them (owner reference and hash annotation set).
+    them (owner reference and hash annotation set); `trials` hold the API server's dry-run
+    answers by (kind, namespace, name), `pods` the operand pods, `auto_upgrade` the driver's
+    upgrade policy (whether a changed OnDelete template restarts the driver pods).
 
     Live objects controlled by the ClusterPolicy that ours does not render are deleted by the
     operator's prune; other live objects are not ours and are left out of the plan."""
@@ -228,7 +357,8 @@ def plan(
     for obj in desired:
         key = _key(obj)
         seen.add(key)
-        planned.append(plan_object(obj, by_key.get(key)))
+        trial = (trials or {}).get(key)
+        planned.append(plan_object(obj, by_key.get(key), trial, pods, auto_upgrade=auto_upgrade))
     for key, obj in by_key.items():
         if key in seen or policy_uid is None or _controller_uid(obj) != policy_uid:
             continue
@@ -243,6 +373,7 @@ def plan(
                 "deleted as no longer wanted",
                 rolls=kind in WORKLOADS,
                 pods_kept=False,
+                restarts=_pods_of(obj, pods) if kind in WORKLOADS else (),
             )
         )
     notes: list[str] = []
@@ -257,7 +388,9 @@ __all__ = [
     "EXIT_REPLACE",
     "AdoptionPlan",
     "ObjectPlan",
+    "Trial",
     "Verdict",
+    "content_changes",
     "differences",
     "owner_reference",
     "plan",

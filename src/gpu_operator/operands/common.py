@@ -616,6 +616,10 @@ def finalize(
     operand_transform(ds)
     _apply_metadata(ds, spec)
     _apply_validation_inits(ds, policy, facts)
+    # Last: containers that run our image get what our agents need (operands/builtin.py).
+    from gpu_operator.operands import builtin
+
+    builtin.apply(ds, facts)
     return ds
 
 

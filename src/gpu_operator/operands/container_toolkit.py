@@ -206,6 +206,85 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
         assert hooks is not None
         hooks["hostPath"]["path"] = CRIO_HOOKS_DIR
     _wire_runtime(ds, ctr, policy, facts)
+    _add_guard(ds, policy, facts)
+
+
+# The runtime-config guard (ours) next to NVIDIA's toolkit: `runtime-config-save` (an init
+# container) copies the node's runtime config before the toolkit first edits it, and the native
+# sidecar `runtime-config-guard`, which Kubernetes stops after the toolkit container, puts it back
+# byte for byte when the pod goes (uninstall, or a toolkit update). Both run the operator image.
+GUARD_SAVE = "runtime-config-save"
+GUARD = "runtime-config-guard"
+GUARD_ENV = "RUNTIME_CONFIG_GUARD"
+GUARD_DIR_NAME = "runtime-config-guard"
+# Native sidecars are on by default from Kubernetes 1.29; before, the API server drops the field
+# and the guard would block the pod as an init container that never ends.
+GUARD_MIN_KUBERNETES = (1, 29)
+# Toolkit mounts the guard does not need.
+_GUARD_SKIPPED_MOUNTS = frozenset(
+    {"nvidia-container-toolkit-entrypoint", "driver-install-dir", "cdi-root", "toolkit-root"}
+)
+
+
+def _kubernetes_at_least(version: str, wanted: tuple[int, int]) -> bool:
+    parts = version.lstrip("v").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= wanted
+    except (IndexError, ValueError):
+        return True  # unknown: assume a current cluster
+
+
+def guard_enabled(policy: api.ClusterPolicy, facts: ClusterFacts, toolkit_image: str) -> bool:
+    """The guard runs next to a toolkit that is not ours (ours saves and restores by itself)
+    when the operator is told so (`RUNTIME_CONFIG_GUARD`, the chart's
+    `toolkit.runtimeConfigGuard`), knows its own image, the runtime config is edited at all (not
+    with NRI) and the cluster has native sidecars."""
+    from gpu_operator.operands import builtin
+
+    wanted = facts.operator_env.get(GUARD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return (
+        wanted
+        and builtin.operator_image(facts) is not None
+        and not builtin.runs_ours(toolkit_image, facts)
+        and not enablement.nri_plugin_enabled(policy.spec)
+        and _kubernetes_at_least(facts.kubernetes_version, GUARD_MIN_KUBERNETES)
+    )
+
+
+def _add_guard(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
+    """The guard's two containers, with the toolkit's runtime env and mounts (see above)."""
+    from gpu_operator.operands import builtin
+
+    toolkit = common.main_container(ds)
+    if not guard_enabled(policy, facts, str(toolkit.get("image", ""))):
+        return
+    image = builtin.operator_image(facts)
+    assert image is not None
+    root = common.get_env(toolkit, "ROOT") or DEFAULT_INSTALL_DIR
+    env_vars = [dict(e) for e in toolkit.get("env", [])]
+    mounts = [
+        dict(m) for m in toolkit.get("volumeMounts", []) if m["name"] not in _GUARD_SKIPPED_MOUNTS
+    ]
+
+    def guard(name: str, action: str) -> Obj:
+        ctr = container(
+            name,
+            command=["gpu-operator", "agent", GUARD, action],
+            env_vars=[dict(e) for e in env_vars],
+            mounts=[dict(m) for m in mounts],
+            image=image,
+        )
+        set_env(ctr, "RUNTIME_CONFIG_BACKUP_DIR", posixpath.join(root, GUARD_DIR_NAME))
+        if not any(e["name"] == "NODE_NAME" for e in ctr.get("env", [])):
+            ctr.setdefault("env", []).append(common.node_name_env())
+        ctr["securityContext"] = {"seLinuxOptions": {"level": "s0"}}
+        return ctr
+
+    sidecar = guard(GUARD, "watch")
+    sidecar["restartPolicy"] = "Always"
+    common.pod_spec(ds).setdefault("initContainers", []).extend(
+        [guard(GUARD_SAVE, "save"), sidecar]
+    )
 
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:

@@ -284,6 +284,11 @@ def image_matches(pattern: str, image: str) -> bool:
     return repository == pattern
 
 
+def is_sidecar(container: dict[str, Any]) -> bool:
+    """A native sidecar: an init container with `restartPolicy: Always` (Kubernetes 1.29+)."""
+    return container.get("restartPolicy") == "Always"
+
+
 def resolve_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
     """Container environment with literal values and the common downward-API fieldRefs."""
     fields = {
@@ -321,6 +326,11 @@ class _PodWorker:
         self.node_name: str = pod["spec"]["nodeName"]
         self.contexts: dict[str, PodContext] = {}
         self.runner_tasks: dict[str, asyncio.Task[int]] = {}
+        # Native sidecars (init containers with restartPolicy Always): their restart loops, and
+        # an event per container run that is set when that run has ended.
+        self.sidecar_tasks: dict[str, asyncio.Task[None]] = {}
+        self.run_ends: dict[str, asyncio.Event] = {}
+        self.sidecars_stopping = False
         self.init_statuses: list[dict[str, Any]] = []
         self.statuses: list[dict[str, Any]] = []
         self.phase = "Pending"
@@ -377,15 +387,25 @@ class _PodWorker:
 
     def refresh_conditions(self) -> None:
         spec = self.pod.get("spec") or {}
+        sidecars = {c.get("name", "") for c in spec.get("initContainers") or [] if is_sidecar(c)}
         incomplete = [
             s["name"]
             for s in self.init_statuses
-            if ((s.get("state") or {}).get("terminated") or {}).get("exitCode") != 0
+            if (
+                not s.get("started")
+                if s["name"] in sidecars
+                else ((s.get("state") or {}).get("terminated") or {}).get("exitCode") != 0
+            )
         ]
         inits_done = not incomplete and len(self.init_statuses) == len(
             spec.get("initContainers") or []
         )
-        unready = [s["name"] for s in self.statuses if not s.get("ready")]
+        # A native sidecar's readiness counts towards the pod's, as the kubelet counts it.
+        unready = [
+            s["name"]
+            for s in [*(i for i in self.init_statuses if i["name"] in sidecars), *self.statuses]
+            if not s.get("ready")
+        ]
         all_ready = bool(self.statuses) and not unready
         finished = self.phase in ("Succeeded", "Failed")
         if finished:
@@ -516,6 +536,15 @@ class _PodWorker:
         restart_policy = spec.get("restartPolicy", "Always")
         for index, container in enumerate(inits):
             status = self.init_statuses[index]
+            if is_sidecar(container):
+                # A native sidecar: the next container starts once this one has started, and
+                # it keeps running (restarted whenever it exits) beside everything after it.
+                started = asyncio.Event()
+                self.sidecar_tasks[container.get("name", "")] = asyncio.ensure_future(
+                    self._sidecar_loop(index, container, started)
+                )
+                await started.wait()
+                continue
             while True:
                 started_at = await self._start(container, status, index, init=True)
                 self.mark()
@@ -541,6 +570,9 @@ class _PodWorker:
         else:
             loops = [self._container_loop(i, c, restart_policy) for i, c in enumerate(containers)]
             codes = list(await asyncio.gather(*loops))
+        if self.sidecar_tasks:
+            # The main containers are done: the sidecars are stopped, last one first.
+            await self._stop_sidecars(self._grace())
         self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
         # A finished pod's devices are free for others (the kubelet frees inactive pods').
         self.kubelet.devices.release(self.node_name, self.uid)
@@ -845,13 +877,85 @@ class _PodWorker:
             status["started"] = False
             terminated = self._terminated(code, started_at, status, container)
             restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
-            if not restart:
+            if not restart or (self.terminating and self.sidecar_tasks):
                 status["state"] = {"terminated": terminated}
                 self.mark()
                 return code
             status["restartCount"] += 1
             status["lastState"] = {"terminated": terminated}
             await self._back_off(container, status, began, init=False)
+
+    async def _sidecar_loop(
+        self, index: int, container: dict[str, Any], started: asyncio.Event
+    ) -> None:
+        """A native sidecar: started (which lets the next container start), restarted whenever
+        it exits, until the pod stops it."""
+        status = self.init_statuses[index]
+        name = container.get("name", "")
+        while True:
+            started_at = await self._start(container, status, index, init=True)
+            if status.get("started"):
+                started.set()
+            registration = self.kubelet.runner_for(self.pod, container)
+            probe_driven = registration is not None and (
+                registration.reports_readiness or bool(container.get("readinessProbe"))
+            )
+            if not probe_driven and name not in self.start_errors:
+                status["ready"] = True
+            self.mark()
+            began = asyncio.get_running_loop().time()
+            code = await self._run_container(container, init=True)
+            status["ready"] = False
+            status["started"] = False
+            terminated = self._terminated(code, started_at, status, container)
+            if self.terminating or self.sidecars_stopping:
+                status["state"] = {"terminated": terminated}
+                self.mark()
+                return
+            status["restartCount"] += 1
+            status["lastState"] = {"terminated": terminated}
+            await self._back_off(container, status, began, init=True)
+
+    def _grace(self) -> float:
+        spec = self.pod.get("spec") or {}
+        return float(spec.get("terminationGracePeriodSeconds", 30))
+
+    async def _stop_runs(self, names: list[str], deadline: float) -> None:
+        """Tell these containers' runners to stop, and wait (until `deadline`) for their runs
+        to end."""
+        loop = asyncio.get_running_loop()
+        for name in names:
+            ctx = self.contexts.get(name)
+            if ctx is None:
+                continue
+            ctx.stopping.set()
+            registration = self.kubelet.runner_for(self.pod, ctx.container)
+            if registration is not None and isinstance(registration.runner, PodRunnerObject):
+                try:
+                    await asyncio.wait_for(
+                        registration.runner.stop(ctx), timeout=max(deadline - loop.time(), 0.001)
+                    )
+                except (TimeoutError, Exception):
+                    log.warning("pod runner stop for %s/%s did not finish cleanly", *self.key)
+        ends = [self.run_ends[n] for n in names if n in self.run_ends and n in self.contexts]
+        if ends:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(e.wait() for e in ends)),
+                    timeout=max(deadline - loop.time(), 0.001),
+                )
+
+    async def _stop_sidecars(self, grace: float) -> None:
+        """Stop the sidecars in the reverse order of their definition (after the main
+        containers), each waited for within the grace period."""
+        self.sidecars_stopping = True
+        deadline = asyncio.get_running_loop().time() + max(grace, 0.001)
+        for name in reversed(list(self.sidecar_tasks)):
+            await self._stop_runs([name], deadline)
+        for task in self.sidecar_tasks.values():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     async def _become_ready(self, status: dict[str, Any]) -> None:
         cfg = self.kubelet.config
@@ -994,7 +1098,7 @@ class _PodWorker:
             installed = await self._run_installed(container, init, instance)
             if installed is not None:
                 return installed
-            if init:
+            if init and not is_sidecar(container):  # a sidecar serves like a main container
                 if cfg.delay(cfg.init_container_duration):
                     await asyncio.sleep(cfg.delay(cfg.init_container_duration))
                 return 0
@@ -1017,6 +1121,7 @@ class _PodWorker:
             # The runtime passes the plugins' variables first, so the container's own win.
             ctx.env = {**allocation.envs, **ctx.env}
         self.contexts[ctx.container_name] = ctx
+        run_end = self.run_ends[ctx.container_name] = asyncio.Event()
         runner = registration.runner
         # Logging records of the runner (and tasks it starts) belong to this container's log.
         runner_token = runner_logs.CURRENT.set(ctx)
@@ -1044,7 +1149,9 @@ class _PodWorker:
             return 1
         finally:
             runner_logs.CURRENT.reset(runner_token)
-            self.contexts.pop(ctx.container_name, None)
+            if self.contexts.get(ctx.container_name) is ctx:
+                self.contexts.pop(ctx.container_name, None)
+            run_end.set()
             if ctx.termination_message is not None:
                 self.termination_messages[ctx.container_name] = ctx.termination_message
 
@@ -1076,6 +1183,13 @@ class _PodWorker:
                     f"Stopping container {container.get('name', '')}",
                     self._field_path(container, init),
                 )
+        if self.sidecar_tasks:
+            # As the kubelet terminates a pod with native sidecars: the main containers first
+            # (waited for), then the sidecars in reverse order, all within the grace period.
+            deadline = asyncio.get_running_loop().time() + max(grace, 0.001)
+            mains = [n for n in self.contexts if n not in self.sidecar_tasks]
+            await self._stop_runs(mains, deadline)
+            await self._stop_sidecars(max(deadline - asyncio.get_running_loop().time(), 0.0))
         for ctx in list(self.contexts.values()):
             ctx.stopping.set()
             registration = self.kubelet.runner_for(self.pod, ctx.container)
@@ -1470,7 +1584,7 @@ class Kubelet(Controller):
         worker = self.workers.get((ctx.namespace, ctx.name))
         if worker is None:
             return
-        for status in worker.statuses:
+        for status in [*worker.statuses, *worker.init_statuses]:
             if status["name"] == ctx.container_name:
                 status["ready"] = ready and "running" in (status.get("state") or {})
         worker.mark()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 from pathlib import Path
 from typing import Protocol
 
@@ -28,14 +29,16 @@ class ProcSignaller:
         self.proc = proc
 
     def find(self, process: str) -> int | None:
-        """The lowest pid whose argv[0] is exactly `process` (as upstream compares)."""
+        """The lowest pid whose argv[0] is exactly `process` (as upstream compares), or that is
+        a Python interpreter running a script of that name: our image's NVIDIA-named entry
+        points are scripts, which the kernel starts as `python /path/<name> ...`."""
         pids = sorted(int(p.name) for p in self.proc.iterdir() if p.name.isdigit())
         for pid in pids:
             try:
-                argv0 = (self.proc / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0]
+                argv = (self.proc / str(pid) / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue  # the process ended while we looked
-            if argv0.decode(errors="replace") == process:
+            if matches([a.decode(errors="replace") for a in argv], process):
                 return pid
         return None
 
@@ -48,3 +51,18 @@ class ProcSignaller:
         except ProcessLookupError:
             return False
         return True
+
+
+def matches(argv: list[str], process: str) -> bool:
+    """Whether a process with this command line is `process` (see `ProcSignaller.find`)."""
+    if not argv:
+        return False
+    if argv[0] == process:
+        return True
+    interpreter = posixpath.basename(argv[0])
+    return (
+        interpreter.startswith("python")
+        and len(argv) > 1
+        and "/" not in process
+        and posixpath.basename(argv[1]) == process
+    )

@@ -121,7 +121,11 @@ def generate(
     except nvml.NvmlError as err:
         raise CdiError(f"failed to initialize NVML: {err}") from err
     try:
-        node = facts.collect(lib, driver_root=driver_root_view, sys_root=sys_root)
+        # procfs sits beside sysfs: the node's own on a real node, the simulated node's root in
+        # the demo.
+        node = facts.collect(
+            lib, driver_root=driver_root_view, sys_root=sys_root, proc_root=sys_root
+        )
         version = lib.driver_version()
     except nvml.NvmlError as err:
         raise CdiError(f"reading the GPUs from NVML: {err}") from err

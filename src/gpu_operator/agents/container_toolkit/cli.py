@@ -75,7 +75,9 @@ def container_toolkit(
     elif backend == "nvml":
         from gpu_operator.nvml import real
 
-        open_nvml = real.RealNvml
+        # This pod runs without the NVIDIA runtime (it installs it): NVML comes from the driver
+        # root, as nvidia-ctk loads it.
+        open_nvml = real.opener(s.driver_root_ctr)
     else:
         typer.echo(
             f"container-toolkit: --backend: unknown backend {backend!r} (nvml or mock)", err=True

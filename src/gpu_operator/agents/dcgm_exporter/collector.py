@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,8 @@ class Collector:
         self.collected = asyncio.Condition()
         self.attempted = asyncio.Event()  # set after the first collection, good or not
         self.xids = readers.XidTracker()
+        self.gpm = readers.GpmTracker()
+        self._executor: ThreadPoolExecutor | None = None
         self._lib: nvml.Nvml | None = None
         self._stop_xids = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -123,6 +126,15 @@ class Collector:
         lib = self.open_nvml()
         lib.init()
         self._lib = lib
+        # GPUs are read side by side: NVML's PCIe throughput samples for 20 ms per call.
+        try:
+            count = lib.device_count()
+        except nvml.NvmlError:
+            count = 0
+        if count > 1:
+            self._executor = ThreadPoolExecutor(
+                max_workers=min(8, count), thread_name_prefix="nvml-read"
+            )
         self._stop_xids.clear()
         self._xid_thread = threading.Thread(
             target=self.xids.watch, args=(lib, self._stop_xids), name="xid-events", daemon=True
@@ -133,6 +145,10 @@ class Collector:
         self._stop_xids.set()
         if self._xid_thread is not None:
             self._xid_thread.join(timeout=5)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self.gpm.clear()
         if self._lib is not None:
             with contextlib.suppress(nvml.NvmlError):
                 self._lib.shutdown()
@@ -144,7 +160,7 @@ class Collector:
             raise RuntimeError("Collector.start() was not called")
         counter_set = self.counters
         wanted = [c.field for c in (*counter_set.metrics, *counter_set.labels)]
-        node = readers.read(self._lib, wanted, self.xids)
+        node = readers.read(self._lib, wanted, self.xids, gpm=self.gpm, executor=self._executor)
         holders: dict[str, tuple[exposition.PodRef, ...]] = {}
         if self.mapper is not None:
             topology = attribution.Topology(node.mig_keys(), node.index_keys())

@@ -112,7 +112,7 @@ FIELDS: tuple[Field, ...] = (
     _f("DCGM_FI_DEV_GPU_MAX_OP_TEMP", 152, _I),
     _f("DCGM_FI_DEV_POWER_USAGE", 155, _D, "power_usage"),
     _f("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 156, _I, "total_energy"),
-    _f("DCGM_FI_DEV_POWER_USAGE_INSTANT", 157, _D, "power_usage"),
+    _f("DCGM_FI_DEV_POWER_USAGE_INSTANT", 157, _D, "power_usage_instant"),
     _f("DCGM_FI_DEV_SLOWDOWN_TEMP", 158, _I),
     _f("DCGM_FI_DEV_SHUTDOWN_TEMP", 159, _I),
     _f("DCGM_FI_DEV_POWER_MGMT_LIMIT", 160, _D),
@@ -182,8 +182,9 @@ FIELDS: tuple[Field, ...] = (
         1001,
         _D,
         "gr_engine_active",
-        note="derived: NVML GPU utilization / 100 (both measure the time a kernel ran); "
-        "absent on MIG GPU instances, where NVML has no utilization",
+        note="NVML GPU performance monitoring (graphics activity / 100) on Hopper and later, "
+        "per MIG GPU instance too; elsewhere derived from NVML GPU utilization / 100 (both "
+        "measure the time a kernel ran), and absent on Ampere MIG GPU instances",
     ),
     _f("DCGM_FI_PROF_SM_ACTIVE", 1002, _D, note=DCP_ONLY),
     _f("DCGM_FI_PROF_SM_OCCUPANCY", 1003, _D, note=DCP_ONLY),

@@ -5,7 +5,9 @@ MIG-enabled GPU with GPU instances is one entity per GPU instance (labels `GPU_I
 `GPU_I_ID`), whose framebuffer fields are the instance's and whose other fields are the GPU's.
 A value NVML cannot give for an entity (NotSupported, e.g. utilization in MIG mode) is left out,
 as DCGM leaves blank values out. Each GPU's calls are made once per collection and shared by its
-instances.
+instances; GPUs are read in parallel when an executor is given (NVML's PCIe throughput alone
+samples for 20 ms per call). DCGM_FI_PROF_GR_ENGINE_ACTIVE comes from GPU performance monitoring
+(Hopper and later, per GPU instance too) as the activity since the previous collection.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,13 +71,87 @@ class NodeReading:
         return {r.entity.gpu: r.entity.key for r in self.readings if r.entity.mig_profile is None}
 
 
+class _NoValueYet(nvml.NvmlError):
+    """A rate needs two samples; the first collection has one."""
+
+
+class GpmTracker:
+    """The last GPU performance-monitoring sample per GPU and GPU instance, so each collection
+    reports the activity since the previous one (as DCGM's watches do)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, int | None], p.GpmSample] = {}
+        self._unsupported: set[str] = set()
+
+    def activity(
+        self, lib: nvml.Nvml, device: p.Device, uuid: str, gpu_instance_id: int | None
+    ) -> float:
+        """GR_ENGINE_ACTIVE (0..1) since the last call for this GPU (instance)."""
+        if uuid in self._unsupported:
+            raise nvml.NotSupported("no GPU performance monitoring on this GPU")
+        try:
+            sample = device.gpm_sample(gpu_instance_id)
+        except nvml.NotSupported:
+            self._unsupported.add(uuid)
+            raise
+        key = (uuid, gpu_instance_id)
+        with self._lock:
+            previous = self._last.get(key)
+            self._last[key] = sample
+        if previous is None:
+            raise _NoValueYet("first GPU performance-monitoring sample")
+        try:
+            values = lib.gpm_metrics(previous, sample, [p.GpmMetric.GRAPHICS_UTIL])
+        finally:
+            previous.free()
+        if p.GpmMetric.GRAPHICS_UTIL not in values:
+            raise nvml.NotSupported("NVML gave no graphics activity")
+        return values[p.GpmMetric.GRAPHICS_UTIL] / 100.0
+
+    def keep_only(self, keys: Iterable[tuple[str, int | None]]) -> None:
+        """Free the samples of entities that are gone (a destroyed GPU instance)."""
+        wanted = set(keys)
+        with self._lock:
+            stale = [k for k in self._last if k not in wanted]
+            dropped = [self._last.pop(k) for k in stale]
+        for sample in dropped:
+            _free(sample)
+
+    def clear(self) -> None:
+        with self._lock:
+            dropped = list(self._last.values())
+            self._last.clear()
+        for sample in dropped:
+            _free(sample)
+
+
+def _free(sample: p.GpmSample) -> None:
+    try:
+        sample.free()
+    except nvml.NvmlError as err:
+        log.debug("freeing a GPM sample: %s", err)
+
+
 class _Gpu:
     """One GPU's NVML calls, each made at most once per collection (errors remembered too)."""
 
-    def __init__(self, lib: nvml.Nvml, device: p.Device, instance: p.Device | None = None):
+    def __init__(
+        self,
+        lib: nvml.Nvml,
+        device: p.Device,
+        instance: p.Device | None = None,
+        *,
+        gpm: GpmTracker | None = None,
+        uuid: str = "",
+        gpu_instance_id: int | None = None,
+    ):
         self.lib = lib
         self.device = device
         self.instance = instance
+        self.gpm = gpm
+        self.uuid = uuid
+        self.gpu_instance_id = gpu_instance_id
         self._memo: dict[str, Any] = {}
 
     def call(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -88,11 +165,30 @@ class _Gpu:
             raise result
         return result
 
-    def for_instance(self, instance: p.Device) -> _Gpu:
+    def for_instance(self, instance: p.Device, gpu_instance_id: int) -> _Gpu:
         """A view reading instance-scoped fields from `instance`, sharing this GPU's memo."""
-        view = _Gpu(self.lib, self.device, instance)
+        view = _Gpu(
+            self.lib,
+            self.device,
+            instance,
+            gpm=self.gpm,
+            uuid=self.uuid,
+            gpu_instance_id=gpu_instance_id,
+        )
         view._memo = self._memo
         return view
+
+    def gr_engine_active(self) -> float:
+        """Graphics-engine activity (0..1): GPM where the GPU has it (per GPU instance too);
+        else, on a whole GPU, NVML's utilization (the time a kernel ran) / 100."""
+        if self.gpm is not None:
+            try:
+                return self.gpm.activity(self.lib, self.device, self.uuid, self.gpu_instance_id)
+            except nvml.NotSupported:
+                pass
+        if self.gpu_instance_id is not None:
+            raise nvml.NotSupported("no graphics activity for a GPU instance without GPM")
+        return self.util().gpu / 100.0
 
     def memory(self) -> p.MemoryInfo:
         if self.instance is not None:
@@ -122,12 +218,9 @@ def _mib(n: int) -> int:
     return n >> 20
 
 
-def _reserved(m: p.MemoryInfo) -> int:
-    return max(0, _mib(m.total) - _mib(m.free) - _mib(m.used))
-
-
 def _used_percent(m: p.MemoryInfo) -> float:
-    usable = _mib(m.total) - _reserved(m)
+    # Of the memory processes can have: the driver's reserved part is neither used nor free.
+    usable = _mib(m.total) - _mib(m.reserved)
     return 100.0 * _mib(m.used) / usable if usable > 0 else 0.0
 
 
@@ -166,6 +259,7 @@ SOURCES: dict[str, Callable[[_Gpu], Value]] = {
     "memory_temp": lambda g: g.call("memtemp", g.device.memory_temperature),
     "gpu_temp": lambda g: g.call("temp", g.device.temperature),
     "power_usage": lambda g: g.call("power", g.device.power_usage) / 1000.0,
+    "power_usage_instant": lambda g: g.call("power_now", g.device.power_usage_instant) / 1000.0,
     "total_energy": lambda g: g.call("energy", g.device.total_energy_consumption),
     "pcie_tx_kb": lambda g: g.pcie(_TX),
     "pcie_rx_kb": lambda g: g.pcie(_RX),
@@ -174,13 +268,13 @@ SOURCES: dict[str, Callable[[_Gpu], Value]] = {
     "pcie_replay": lambda g: g.call("replay", g.device.pcie_replay_counter),
     "gpu_util": lambda g: g.util().gpu,
     "mem_copy_util": lambda g: g.util().memory,
-    "gr_engine_active": lambda g: g.util().gpu / 100.0,
+    "gr_engine_active": lambda g: g.gr_engine_active(),
     "enc_util": lambda g: g.call("enc", g.device.encoder_utilization),
     "dec_util": lambda g: g.call("dec", g.device.decoder_utilization),
     "fb_total": lambda g: _mib(g.memory().total),
     "fb_free": lambda g: _mib(g.memory().free),
     "fb_used": lambda g: _mib(g.memory().used),
-    "fb_reserved": lambda g: _reserved(g.memory()),
+    "fb_reserved": lambda g: _mib(g.memory().reserved),
     "fb_used_percent": lambda g: _used_percent(g.memory()),
     "ecc_sbe_vol": _ecc(_COR, _VOL),
     "ecc_dbe_vol": _ecc(_UNC, _VOL),
@@ -204,6 +298,9 @@ class XidTracker:
         self._serial = 0
         self._gpu: dict[str, tuple[int, int]] = {}
         self._instance: dict[tuple[str, int], tuple[int, int]] = {}
+        # The MIG devices each GPU instance had when last seen: a GPU instance id reused by a
+        # MIG reconfiguration is a new instance and starts without the old one's XID.
+        self._members: dict[tuple[str, int], frozenset[str]] = {}
         self.watching = threading.Event()  # set once every GPU is registered for events
 
     def record(self, uuid: str, xid: int, gpu_instance_id: int | None = None) -> None:
@@ -215,6 +312,17 @@ class XidTracker:
             else:
                 self._instance[(uuid, gpu_instance_id)] = entry
             self._lock.notify_all()
+
+    def observe(self, uuid: str, gpu_instance_id: int, mig_uuids: Iterable[str]) -> None:
+        """Note the MIG devices GPU instance `gpu_instance_id` has now; forget its XID when
+        they changed (the instance was destroyed and its id reused)."""
+        members = frozenset(mig_uuids)
+        key = (uuid, gpu_instance_id)
+        with self._lock:
+            before = self._members.get(key)
+            self._members[key] = members
+            if before is not None and before != members:
+                self._instance.pop(key, None)
 
     def wait_for_count(self, count: int, timeout: float) -> bool:
         """Block until `count` XIDs have been recorded (tests); False on timeout."""
@@ -241,7 +349,12 @@ class XidTracker:
         try:
             for i in range(lib.device_count()):
                 try:
-                    events.register(lib.device_by_index(i), p.EventType.XID_CRITICAL)
+                    device = lib.device_by_index(i)
+                    mask = p.EventType.XID_CRITICAL & device.supported_event_types()
+                    if not mask:
+                        log.warning("GPU %d does not report XID events", i)
+                        continue
+                    events.register(device, mask)
                 except nvml.NvmlError as err:
                     log.warning("GPU %d: no XID events (%s)", i, err)
             self.watching.set()
@@ -286,10 +399,10 @@ def _mig_enabled(device: p.Device) -> bool:
         return False
 
 
-def _entities(lib: nvml.Nvml, i: int) -> list[tuple[Entity, _Gpu]]:
+def _entities(lib: nvml.Nvml, i: int, gpm: GpmTracker | None) -> list[tuple[Entity, _Gpu]]:
     device = lib.device_by_index(i)
-    gpu = _Gpu(lib, device)
     uuid = device.uuid()
+    gpu = _Gpu(lib, device, gpm=gpm, uuid=uuid)
     bus = device.pci_info().bus_id
     model = device.name()
     if _mig_enabled(device):
@@ -298,35 +411,66 @@ def _entities(lib: nvml.Nvml, i: int) -> list[tuple[Entity, _Gpu]]:
             return [
                 (
                     Entity(i, uuid, bus, model, prof, gi, tuple(m.uuid() for m in migs)),
-                    gpu.for_instance(migs[0]),
+                    gpu.for_instance(migs[0], gi),
                 )
                 for gi, prof, migs in instances
             ]
     return [(Entity(i, uuid, bus, model), gpu)]
 
 
+def _read_gpu(
+    lib: nvml.Nvml,
+    i: int,
+    wanted: Sequence[fields.Field],
+    xids: XidTracker | None,
+    gpm: GpmTracker | None,
+) -> list[Reading]:
+    try:
+        entities = _entities(lib, i, gpm)
+    except nvml.NvmlError as err:
+        log.warning("GPU %d skipped: %s", i, err)
+        return []
+    readings = []
+    for entity, gpu in entities:
+        if xids is not None and entity.gpu_instance_id is not None:
+            xids.observe(entity.uuid, entity.gpu_instance_id, entity.mig_uuids)
+        reading = Reading(entity)
+        for f in wanted:
+            if f.source == "xid":
+                xid = xids.last(entity.uuid, entity.gpu_instance_id) if xids else 0
+                reading.values[f.name] = xid
+                continue
+            try:
+                reading.values[f.name] = SOURCES[f.source or ""](gpu)
+            except nvml.NvmlError:
+                continue  # DCGM leaves blank values out too
+        readings.append(reading)
+    return readings
+
+
 def read(
-    lib: nvml.Nvml, wanted: Iterable[fields.Field], xids: XidTracker | None = None
+    lib: nvml.Nvml,
+    wanted: Iterable[fields.Field],
+    xids: XidTracker | None = None,
+    *,
+    gpm: GpmTracker | None = None,
+    executor: Executor | None = None,
 ) -> NodeReading:
-    """Every wanted field of every entity; a GPU that fails (e.g. fell off the bus) is skipped."""
-    wanted = [f for f in wanted if f.source is not None]
-    readings: list[Reading] = []
-    for i in range(lib.device_count()):
-        try:
-            entities = _entities(lib, i)
-        except nvml.NvmlError as err:
-            log.warning("GPU %d skipped: %s", i, err)
-            continue
-        for entity, gpu in entities:
-            reading = Reading(entity)
-            for f in wanted:
-                if f.source == "xid":
-                    xid = xids.last(entity.uuid, entity.gpu_instance_id) if xids else 0
-                    reading.values[f.name] = xid
-                    continue
-                try:
-                    reading.values[f.name] = SOURCES[f.source or ""](gpu)
-                except nvml.NvmlError:
-                    continue  # DCGM leaves blank values out too
-            readings.append(reading)
+    """Every wanted field of every entity; a GPU that fails (e.g. fell off the bus) is skipped.
+
+    With an `executor` the GPUs are read concurrently (NVML is thread-safe), so slow calls such
+    as the PCIe throughput sample cost one window per collection rather than one per GPU.
+    """
+    fields_wanted = [f for f in wanted if f.source is not None]
+    indices = range(lib.device_count())
+
+    def one(i: int) -> list[Reading]:
+        return _read_gpu(lib, i, fields_wanted, xids, gpm)
+
+    per_gpu = (
+        list(executor.map(one, indices)) if executor is not None else [one(i) for i in indices]
+    )
+    readings = [r for gpu in per_gpu for r in gpu]
+    if gpm is not None:
+        gpm.keep_only((r.entity.uuid, r.entity.gpu_instance_id) for r in readings)
     return NodeReading(tuple(readings))

@@ -91,8 +91,8 @@ def build_settings(o: Options) -> dp_settings.Settings:
     return s
 
 
-def open_backend(o: Options) -> Callable[[], nvml.Nvml]:
-    """A factory for the chosen NVML backend."""
+def open_backend(o: Options, s: dp_settings.Settings | None = None) -> Callable[[], nvml.Nvml]:
+    """A factory for the chosen NVML backend (real NVML loads from the driver root first)."""
     if o.backend == "mock":
         try:
             machine = mock_backend.machine(o.machine, o.machine_file, o.seed)
@@ -104,7 +104,7 @@ def open_backend(o: Options) -> Callable[[], nvml.Nvml]:
             raise UsageError("--machine and --machine-file need --backend mock")
         from gpu_operator.nvml import real
 
-        return real.RealNvml
+        return real.opener(s.driver_root_view if s is not None else None)
     raise UsageError(f"--backend: unknown backend {o.backend!r} (expected nvml or mock)")
 
 
@@ -136,7 +136,7 @@ def execute(o: Options) -> int:
     """Run the device plugin for `o`; returns the process exit status."""
     try:
         s = build_settings(o)
-        open_nvml = open_backend(o)
+        open_nvml = open_backend(o, s)
     except (UsageError, pc.ConfigError) as err:
         print(f"nvidia-device-plugin: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -167,7 +167,7 @@ def execute_mps(o: Options, *, mount_shm: bool = False) -> int:
         return EXIT_OK
     try:
         s = build_settings(o)
-        open_nvml = open_backend(o)
+        open_nvml = open_backend(o, s)
     except (UsageError, pc.ConfigError) as err:
         print(f"mps-control-daemon: {err}", file=sys.stderr)
         return EXIT_USAGE

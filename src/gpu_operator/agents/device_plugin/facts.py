@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_operator import nvml
-from gpu_operator.nvml import catalog
+from gpu_operator.nvml import migname, pciaddr
 from gpu_operator.nvml.protocol import TopologyLevel
 
 log = logging.getLogger("gpu_operator.agents.device_plugin")
@@ -101,11 +101,7 @@ def standard_mig_minors(gpu_minors: tuple[int, ...]) -> dict[str, int]:
 
 def sysfs_pci_name(bus_id: str) -> str:
     """NVML's bus id (`00000000:07:00.0`) as sysfs names the device (`0000:07:00.0`)."""
-    text = bus_id.lower()
-    domain, _, rest = text.partition(":")
-    if len(domain) > 4:
-        domain = domain[-4:]
-    return f"{domain}:{rest}"
+    return pciaddr.sysfs_name(bus_id)
 
 
 def read_numa_node(sys_root: Path, bus_id: str) -> int | None:
@@ -118,30 +114,33 @@ def read_numa_node(sys_root: Path, bus_id: str) -> int | None:
     return value if value >= 0 else None
 
 
-def read_mig_minors(driver_root: Path, gpu_minors: tuple[int, ...]) -> dict[str, int]:
-    """mig-minors under the driver root, or the kernel module's standard table when absent."""
-    path = driver_root / MIG_MINORS_FILE
-    try:
-        return parse_mig_minors(path.read_text())
-    except OSError:
-        log.info("no %s; using the kernel module's standard MIG capability minors", path)
-        return standard_mig_minors(gpu_minors)
+def read_mig_minors(
+    driver_root: Path, gpu_minors: tuple[int, ...], proc_root: Path = Path("/")
+) -> dict[str, int]:
+    """mig-minors from procfs (the kernel's, which every container sees), else under the driver
+    root, else the kernel module's standard table."""
+    tried = []
+    for root in dict.fromkeys((proc_root, driver_root)):
+        path = root / MIG_MINORS_FILE
+        tried.append(str(path))
+        try:
+            return parse_mig_minors(path.read_text())
+        except OSError:
+            continue
+    log.info("no %s; using the kernel module's standard MIG capability minors", " or ".join(tried))
+    return standard_mig_minors(gpu_minors)
 
 
-def _mig(parent: nvml.Device, mig: nvml.Device, index: int, total_mib: int) -> MigFacts:
+def _mig(
+    parent: nvml.Device, mig: nvml.Device, index: int, total_mib: int, enums: dict[int, int]
+) -> MigFacts:
     attrs = mig.mig_attributes()
     gi_id = mig.gpu_instance_id()
     ci_id = mig.compute_instance_id()
-    # The suffix comes from the GPU-instance profile id (`+me`, `+me.all`, `+gfx`, `-me`), as
-    # go-nvlib's MigProfile names it; the attributes alone cannot tell these profiles apart.
-    gi_profile = parent.gpu_instance_by_id(gi_id).info().profile_id
-    profile = catalog.mig_profile_name(
-        attrs.gpu_instance_slice_count,
-        attrs.compute_instance_slice_count,
-        attrs.memory_size_mb,
-        total_mib,
-        suffix=catalog.profile_suffix(gi_profile),
-    )
+    # The suffix comes from the GPU-instance profile (`+me`, `+me.all`, `+gfx`, `-me`), found
+    # from NVML's internal profile id as go-nvlib's MigProfile finds it; the attributes alone
+    # cannot tell these profiles apart.
+    profile = migname.device_profile(parent, mig, total_mib, enums, attrs)
     return MigFacts(
         index=index,
         uuid=mig.uuid(),
@@ -171,12 +170,13 @@ def _gpu(dev: nvml.Device, sys_root: Path) -> GpuFacts:
         mig_enabled = False
     migs: list[MigFacts] = []
     if mig_enabled:
+        enums = migname.profile_enums(dev)
         for j in range(dev.max_mig_device_count()):
             try:
                 mig = dev.mig_device_by_index(j)
             except nvml.NotFound:
                 continue
-            migs.append(_mig(dev, mig, j, total_mib))
+            migs.append(_mig(dev, mig, j, total_mib, enums))
     bus_id = dev.pci_info().bus_id
     return GpuFacts(
         index=dev.index(),
@@ -201,6 +201,11 @@ def _nvlink_peers(dev: nvml.Device) -> list[str]:
                 continue
             peers.append(dev.nvlink_remote_pci_bus_id(link).lower())
         except (nvml.NotSupported, nvml.InvalidArgument):
+            continue
+        except nvml.NvmlError as err:
+            # Links only score preferred allocations: a link NVML cannot describe (NOT_FOUND,
+            # UNKNOWN, a GPU lost meanwhile) counts as absent rather than failing discovery.
+            log.debug("NVLink %d: %s", link, err)
             continue
     return peers
 
@@ -238,13 +243,28 @@ def _links(devices: list[nvml.Device], gpus: list[GpuFacts]) -> dict[tuple[int, 
     return links
 
 
-def collect(lib: nvml.Nvml, *, driver_root: Path, sys_root: Path) -> NodeFacts:
-    """Read the node's GPUs; `lib` must be initialised."""
-    devices = [lib.device_by_index(i) for i in range(lib.device_count())]
-    gpus = [_gpu(d, sys_root) for d in devices]
+def collect(
+    lib: nvml.Nvml, *, driver_root: Path, sys_root: Path, proc_root: Path = Path("/")
+) -> NodeFacts:
+    """Read the node's GPUs; `lib` must be initialised.
+
+    A GPU that has fallen off the bus is left out (logged) so the others are still served; the
+    health monitor reports the lost one. Every other NVML error fails the discovery.
+    """
+    devices: list[nvml.Device] = []
+    gpus: list[GpuFacts] = []
+    for i in range(lib.device_count()):
+        try:
+            device = lib.device_by_index(i)
+            facts = _gpu(device, sys_root)
+        except nvml.GpuLost as err:
+            log.warning("GPU %d is left out: %s", i, err)
+            continue
+        devices.append(device)
+        gpus.append(facts)
     minors: dict[str, int] = {}
     if any(g.mig_enabled for g in gpus):
-        minors = read_mig_minors(driver_root, tuple(g.minor for g in gpus))
+        minors = read_mig_minors(driver_root, tuple(g.minor for g in gpus), proc_root)
     links: dict[tuple[int, int], Link] = {}
     if len(gpus) > 1:
         links = _links(devices, gpus)

@@ -102,7 +102,9 @@ class Manager:
         except nvml.NvmlError as err:
             raise InitFailed(f"failed to initialize NVML: {err}") from err
         try:
-            return facts.collect(lib, driver_root=s.driver_root_view, sys_root=s.sys_root)
+            return facts.collect(
+                lib, driver_root=s.driver_root_view, sys_root=s.sys_root, proc_root=s.proc_root
+            )
         except nvml.NvmlError as err:
             # A GPU NVML cannot describe fails the start like an NVML that does not come up
             # (failOnInitError decides), instead of escaping as an unexplained crash.

@@ -142,10 +142,13 @@ class HealthMonitor:
             return Probe(False)
         try:
             action = lib.device_by_uuid(device.parent_uuid).gpu_recovery_action()
-        except nvml.NotSupported:
-            return Probe(True, None)
-        except nvml.NvmlError:
+        except nvml.GpuLost:
             return Probe(False)
+        except nvml.NvmlError as err:
+            # The device answered above; a driver without the recovery-action field (before
+            # R565) or one that cannot read it says nothing about its health.
+            log.debug("no recovery action for %s: %s", device.parent_uuid, err)
+            return Probe(True, None)
         return Probe(True, action)
 
     def _recheck(self, lib: nvml.Nvml, event_set: nvml.EventSet) -> None:

@@ -184,7 +184,10 @@ async def _discover(
             return None
         try:
             return facts.collect(
-                lib, driver_root=settings.driver_root_view, sys_root=settings.sys_root
+                lib,
+                driver_root=settings.driver_root_view,
+                sys_root=settings.sys_root,
+                proc_root=settings.proc_root,
             )
         finally:
             with contextlib.suppress(nvml.NvmlError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -32,6 +33,15 @@ log = logging.getLogger("gpu_operator.agents.device_plugin")
 
 DIAL_TIMEOUT = 5.0
 OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)
+
+
+def _not_writable(folder: Path, err: OSError | None) -> str:
+    why = f": {err.strerror}" if err is not None and err.strerror else ""
+    return (
+        f"cannot create the plugin socket in {folder}{why} (this process runs as uid "
+        f"{os.geteuid()}; the kubelet's device-plugin folder belongs to root: run the plugin as "
+        "root, securityContext runAsUser: 0)"
+    )
 
 
 class StartError(RuntimeError):
@@ -94,9 +104,14 @@ class Endpoint(pb_grpc.DevicePluginServicer):
 
     async def start(self) -> None:
         """Serve, self-dial and register (StartError on failure, with the socket removed)."""
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
+        try:
+            self.socket.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self.socket.unlink()
+        except PermissionError as err:
+            raise StartError(_not_writable(self.socket.parent, err)) from None
+        if not os.access(self.socket.parent, os.W_OK | os.X_OK):
+            raise StartError(_not_writable(self.socket.parent, None))
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self, server)
         try:

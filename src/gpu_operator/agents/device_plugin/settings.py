@@ -92,6 +92,8 @@ class Settings:
     driver_root_view: Path = Path("/driver-root")
     dev_root_view: Path = Path("/")
     sys_root: Path = Path("/")
+    # procfs for /proc/driver/nvidia-caps/mig-minors (the kernel's: any container sees it).
+    proc_root: Path = Path("/")
     mps_root_view: Path = MPS_CONTAINER_ROOT
     health_policy: health.XidPolicy = field(default_factory=health.XidPolicy)
     health_recovery: bool = True

@@ -153,7 +153,7 @@ def execute(o: Options) -> int:
         return EXIT_USAGE
     try:
         asyncio.run(runner.run(open_nvml, sink, settings))
-    except runner.InitFailed as err:
+    except (runner.InitFailed, runner.CollectFailed) as err:
         print(f"gpu-feature-discovery: {err}", file=sys.stderr)
         return EXIT_FAILED
     except pc.ConfigError as err:  # a SIGHUP reload found a bad file

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_operator import nvml
-from gpu_operator.nvml import catalog
+from gpu_operator.nvml import catalog, migname
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +68,13 @@ def read_machine_type(path: str | Path) -> str:
         return "unknown"
 
 
-def _mig_device(parent: nvml.Device, mig: nvml.Device, total_mib: int) -> MigDeviceFacts:
+def _mig_device(
+    parent: nvml.Device, mig: nvml.Device, total_mib: int, enums: dict[int, int]
+) -> MigDeviceFacts:
     attrs = mig.mig_attributes()
-    gi = parent.gpu_instance_by_id(mig.gpu_instance_id())
-    # Named from the GPU-instance profile id, so `+gfx`, `-me` and `+me.all` keep their suffix.
-    profile = catalog.mig_profile_name(
-        attrs.gpu_instance_slice_count,
-        attrs.compute_instance_slice_count,
-        attrs.memory_size_mb,
-        total_mib,
-        suffix=catalog.profile_suffix(gi.info().profile_id),
-    )
+    # Named from the GPU-instance profile (found from NVML's internal id), so `+me`, `+gfx`,
+    # `-me` and `+me.all` keep their suffix.
+    profile = migname.device_profile(parent, mig, total_mib, enums, attrs)
     return MigDeviceFacts(
         profile=profile,
         memory_mb=attrs.memory_size_mb,
@@ -102,12 +98,13 @@ def _gpu(dev: nvml.Device) -> GpuFacts:
         capable, enabled = False, False
     migs: list[MigDeviceFacts] = []
     if enabled:
+        enums = migname.profile_enums(dev)
         for i in range(dev.max_mig_device_count()):
             try:
                 mig = dev.mig_device_by_index(i)
             except nvml.NotFound:
                 continue
-            migs.append(_mig_device(dev, mig, total_mib))
+            migs.append(_mig_device(dev, mig, total_mib, enums))
     try:
         pci_class: int | None = dev.pci_class()
     except nvml.NvmlError:
@@ -115,8 +112,16 @@ def _gpu(dev: nvml.Device) -> GpuFacts:
     fabric = None
     try:
         info = dev.fabric_info()
+        # Completed *and* successful: a probe that completed with an error (a timeout) leaves
+        # the GPU outside any clique, as DCGM and UCX read it.
         if info.completed and info.cluster_uuid != _NO_FABRIC:
             fabric = (info.cluster_uuid, info.clique_id)
+        elif info.state == nvml.protocol.FABRIC_STATE_COMPLETED and info.status:
+            log.warning(
+                "GPU %s: NVLink fabric registration completed with NVML error %d; no clique",
+                dev.uuid(),
+                info.status,
+            )
     except nvml.NvmlError as err:
         # Older drivers lack the fabric call altogether; no fabric just means no clique label.
         log.debug("no fabric info for %s: %s", dev.name(), err)
@@ -133,8 +138,18 @@ def _gpu(dev: nvml.Device) -> GpuFacts:
 
 
 def collect(lib: nvml.Nvml, *, machine_type: str, vgpu: VgpuFacts | None = None) -> NodeFacts:
-    """Read every fact the labels need; `lib` must be initialised."""
-    gpus = tuple(_gpu(lib.device_by_index(i)) for i in range(lib.device_count()))
+    """Read every fact the labels need; `lib` must be initialised.
+
+    A GPU that has fallen off the bus is left out (logged), so the node keeps the labels of the
+    GPUs that work; any other NVML error fails the collection.
+    """
+    found: list[GpuFacts] = []
+    for i in range(lib.device_count()):
+        try:
+            found.append(_gpu(lib.device_by_index(i)))
+        except nvml.GpuLost as err:
+            log.warning("GPU %d is left out of the labels: %s", i, err)
+    gpus = tuple(found)
     return NodeFacts(
         driver_version=lib.driver_version(),
         cuda_driver_version=lib.cuda_driver_version(),

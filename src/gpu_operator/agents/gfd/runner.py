@@ -28,6 +28,10 @@ class InitFailed(RuntimeError):
     """NVML could not be initialised and failOnInitError is set."""
 
 
+class CollectFailed(RuntimeError):
+    """NVML came up but reading the GPUs failed (the message says which call and why)."""
+
+
 @dataclass
 class Settings:
     """Everything the loop needs besides the GPUs and the sink."""
@@ -55,6 +59,8 @@ def gather(open_nvml: Callable[[], nvml.Nvml], settings: Settings) -> gfd_facts.
         return None
     try:
         return gfd_facts.collect(lib, machine_type=machine_type, vgpu=settings.vgpu)
+    except nvml.NvmlError as err:
+        raise CollectFailed(f"reading the GPUs from NVML failed: {err}") from err
     finally:
         with contextlib.suppress(nvml.NvmlError):
             lib.shutdown()
@@ -118,10 +124,18 @@ async def run(
     wrote = False
     try:
         while not stop.is_set():
-            labels = await asyncio.to_thread(labels_once, open_nvml, settings, timestamp)
-            await sink.write(labels)
-            wrote = True
             gfd = settings.config.flags.gfd
+            try:
+                labels = await asyncio.to_thread(labels_once, open_nvml, settings, timestamp)
+            except CollectFailed as err:
+                if gfd.oneshot:
+                    raise
+                # Keep the labels last written and try again next interval (a GPU that answers
+                # again, a fixed permission), rather than ending the loop.
+                log.error("%s; keeping the previous labels", err)
+            else:
+                await sink.write(labels)
+                wrote = True
             if gfd.oneshot:
                 return
             interval = gfd.sleep_seconds

@@ -82,7 +82,7 @@ def mig_manager(
     from gpu_operator.agents.mig_manager import command
 
     # Accepted for compatibility; CDI spec regeneration after a change is not implemented.
-    del nvidia_driver_root, driver_root_ctr_path, dev_root, dev_root_ctr_path
+    del nvidia_driver_root, dev_root, dev_root_ctr_path
     del nvidia_cdi_hook_path
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     opts = command.Options(
@@ -98,6 +98,7 @@ def mig_manager(
         with_shutdown_host_gpu_clients=with_shutdown_host_gpu_clients,
         default_gpu_clients_namespace=default_gpu_clients_namespace,
         cdi_enabled=cdi_enabled,
+        driver_root_ctr_path=driver_root_ctr_path,
         pod_name=pod_name,
         pod_namespace=pod_namespace,
         kubeconfig=kubeconfig or None,

@@ -65,6 +65,8 @@ class Options:
     machine: str | None = None
     machine_file: Path | None = None
     seed: int | None = None
+    # Where this container sees the driver root (NVML is loaded from there first).
+    driver_root_ctr_path: str = "/run/nvidia/driver"
 
 
 def read_gpu_clients(path: str) -> list[str]:
@@ -190,7 +192,8 @@ def open_backend(o: Options) -> tuple[Callable[[], nvml.Nvml], host_mod.Host]:
             raise UsageError("--machine and --machine-file need --backend mock")
         from gpu_operator.nvml import real
 
-        return real.RealNvml, host_mod.NodeHost(root, o.host_mig_manager_state_file)
+        opener = real.opener([o.driver_root_ctr_path, root])
+        return opener, host_mod.NodeHost(root, o.host_mig_manager_state_file)
     raise UsageError(f"--backend: unknown backend {o.backend!r} (expected nvml or mock)")
 
 

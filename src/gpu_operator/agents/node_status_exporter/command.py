@@ -55,7 +55,9 @@ def open_backend(o: Options) -> tuple[Callable[[], nvml.Nvml], Callable[[], int]
     if o.backend == "nvml":
         from gpu_operator.nvml import real
 
-        return real.RealNvml, None
+        # No NVIDIA runtime class on this pod: NVML comes from the driver root it mounts (a
+        # driver container's), or the host root (a host driver).
+        return real.opener(["/run/nvidia/driver", "/host"]), None
     raise UsageError(f"--backend: unknown backend {o.backend!r} (expected nvml or mock)")
 
 

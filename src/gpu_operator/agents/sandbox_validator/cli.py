@@ -18,7 +18,11 @@ def register(app: typer.Typer) -> None:
 
 def sandbox_validator(
     component: str = typer.Option(
-        ..., envvar="COMPONENT", help="cc-manager, vfio-pci, vgpu-manager or vgpu-devices."
+        ...,
+        "--component",
+        "-c",
+        envvar="COMPONENT",
+        help="cc-manager, vfio-pci, vgpu-manager or vgpu-devices.",
     ),
     node_name: str = typer.Option("", envvar="NODE_NAME"),
     host_root: Path = typer.Option(Path("/"), envvar="HOST_ROOT", help="The host's /."),
