@@ -134,10 +134,11 @@ async def test_install_upgrade_uninstall_with_default_values_leaves_clean_nodes(
         for node in ("cpu-1", *GPU_NODES):
             left = labels(sim, node)
             assert not owned.get(node, set()) & set(left), left
-            assert not [k for k in left if k.startswith(("nvidia.com/gpu", NFD_PREFIX))], left
+            # Every nvidia.com/ key: the MIG manager's outcome label too (issue 30, item 11).
+            assert not [k for k in left if k.startswith(("nvidia.com/", NFD_PREFIX))], left
             notes = annotations(sim, node)
             for key in (ledger.ANNOTATION, node_features.OWNED_LABELS_ANNOTATION,
-                        nfd.FEATURE_LABELS_ANNOTATION):  # fmt: skip
+                        nfd.FEATURE_LABELS_ANNOTATION, keys.MIG_CONFIG_STATE_MESSAGE):  # fmt: skip
                 assert key not in notes, notes
             spec = (sim.store.get("nodes", node) or {}).get("spec") or {}
             assert not spec.get("taints")

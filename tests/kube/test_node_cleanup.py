@@ -25,6 +25,7 @@ def test_node_patch_removes_the_operators_and_gfds_labels_only() -> None:
         "nvidia.com/gpu.product": "Tesla-T4",
         keys.UPGRADE_STATE: "upgrade-done",
         keys.UPGRADE_SKIP: "true",  # set by a person
+        keys.MIG_CONFIG_STATE: "failed",  # the MIG manager's outcome (issue 30 item 11)
         "team": "ml",
     }
     annotations = {
@@ -34,6 +35,7 @@ def test_node_patch_removes_the_operators_and_gfds_labels_only() -> None:
         ) or "",
         node_features.OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.product,nvidia.com/gone",
         keys.UPGRADE_VALIDATION_START: "1700000000",
+        keys.MIG_CONFIG_STATE_MESSAGE: "Driver Not Loaded",
         "other": "x",
     }  # fmt: skip
     patch = node_cleanup.node_patch(labels, annotations)
@@ -44,11 +46,13 @@ def test_node_patch_removes_the_operators_and_gfds_labels_only() -> None:
                 "nvidia.com/gpu.deploy.driver": None,
                 "nvidia.com/gpu.product": None,
                 keys.UPGRADE_STATE: None,
+                keys.MIG_CONFIG_STATE: None,
             },
             "annotations": {
                 ledger.ANNOTATION: None,
                 node_features.OWNED_LABELS_ANNOTATION: None,
                 keys.UPGRADE_VALIDATION_START: None,
+                keys.MIG_CONFIG_STATE_MESSAGE: None,
             },
         }
     }

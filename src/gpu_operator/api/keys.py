@@ -30,6 +30,8 @@ DRIVER_PREINSTALLED = "pre-installed"
 MIG_CAPABLE = "nvidia.com/mig.capable"
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+# Ours, beside the state label: why the last MIG change failed (removed on success).
+MIG_CONFIG_STATE_MESSAGE = "nvidia.com/mig.config.state.message"
 MPS_CAPABLE = "nvidia.com/mps.capable"
 CC_CAPABLE = "nvidia.com/cc.capable"
 VGPU_HOST_DRIVER_VERSION = "nvidia.com/vgpu.host-driver-version"

@@ -25,11 +25,15 @@ log = logging.getLogger(__name__)
 
 # The operator Deployment's pods (its selector labels in the chart).
 OPERATOR_SELECTOR = "app.kubernetes.io/component=gpu-operator"
-# The driver-upgrade state machine's node keys: only the operator writes them, and a stale
-# `upgrade-done` left by an uninstall confuses the next install (upstream GO#782). The `skip`
-# labels are set by people, so they stay.
-UPGRADE_LABELS = (keys.UPGRADE_STATE,)
+# Node keys only our operands write: the driver-upgrade state machine's (a stale `upgrade-done`
+# left by an uninstall confuses the next install, upstream GO#782; the `skip` labels are set by
+# people, so they stay) and the MIG manager's outcome.
+# The MIG manager's outcome keys describe a MIG manager that no longer runs once the release is
+# gone (the MIG layout itself stays on the GPUs; `nvidia.com/mig.config` is the labeller's, in
+# its ledger).
+UPGRADE_LABELS = (keys.UPGRADE_STATE, keys.MIG_CONFIG_STATE)
 UPGRADE_ANNOTATIONS = (
+    keys.MIG_CONFIG_STATE_MESSAGE,
     keys.UPGRADE_ENABLED,
     keys.UPGRADE_SAFE_LOAD,
     keys.UPGRADE_INITIAL_UNSCHEDULABLE,

@@ -22,8 +22,7 @@ STATE_SUCCESS = "success"
 STATE_FAILED = "failed"
 STATES = (STATE_PENDING, STATE_REBOOTING, STATE_SUCCESS, STATE_FAILED)
 PAUSED = "paused-for-mig-change"
-# Our addition beside the state label: why the last change failed (removed on success).
-STATE_MESSAGE_ANNOTATION = "nvidia.com/mig.config.state.message"
+STATE_MESSAGE_ANNOTATION = keys.MIG_CONFIG_STATE_MESSAGE
 # The GPU clients upstream pauses, as deploy-label suffixes.
 GPU_CLIENT_OPERANDS = (
     "device-plugin",
