@@ -23,7 +23,11 @@ def pod(name: str, gpus: int = 0, cpu: str = "500m") -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"containers": [{"name": "main", "image": "app:1", "resources": resources}]},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": resources}
+            ]
+        },
     }
 
 

@@ -40,11 +40,15 @@ async def agent(run: kubesim.ProgramRun) -> int | None:
 def pod(app: str, i: int, lines: int) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "nodeName": f"gpu-{i}",
-        "containers": [{"name": "c", "image": "x", "command": ["agent", str(lines)]}],
+        "containers": [{"name": "c", "image": "busybox:1.36", "command": ["agent", str(lines)]}],
     }
     if app == APPS[0]:
         spec["initContainers"] = [
-            {"name": "k8s-driver-manager", "image": "x", "command": ["agent", str(lines), "--exit"]}
+            {
+                "name": "k8s-driver-manager",
+                "image": "busybox:1.36",
+                "command": ["agent", str(lines), "--exit"],
+            }
         ]
     return {
         "apiVersion": "v1",

@@ -12,6 +12,10 @@ and on a settled cluster. Run:
 
     .venv/bin/python bench/operator_scale.py --nodes 1000 5000 --steady 60
     .venv/bin/python bench/operator_scale.py --nodes 20000 --steady 5
+
+The operator's CPU is reported to ready and to quiet (its passes after ready are over: under 2%
+of a core for a second). `--profile FILE` runs the operator under cProfile (docs/reliability.md,
+"Operator CPU at scale", reads one).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ import kubesim
 from gpu_operator.api import crds, keys
 from gpu_operator.api.images import IMAGE_ENV
 from kubesim.controllers.kubelet import KubeletConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script
 
 NAMESPACE = "gpu-operator"
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,15 +100,23 @@ def labelled(sim: kubesim.Cluster, name: str) -> bool:
     return bool(labels.get(keys.GPU_PRESENT) == "true")
 
 
-def start_operator(sim: kubesim.Cluster, **env: str) -> subprocess.Popen[bytes]:
-    """The operator as its own process (as in a cluster), with fake operand images and `env`."""
+FAKE_REGISTRY = ("registry.local/*",)
+
+
+def start_operator(
+    sim: kubesim.Cluster, profile: Path | None = None, **env: str
+) -> subprocess.Popen[bytes]:
+    """The operator as its own process (as in a cluster), with fake operand images and `env`;
+    with `profile`, under cProfile writing its statistics there when it is terminated."""
     images = {name: f"registry.local/{name.lower()}:v1" for name in set(IMAGE_ENV.values())}
+    wrapper = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     return subprocess.Popen(
         [
-            sys.executable, "-m", "gpu_operator", "controller",
+            sys.executable, *wrapper, "-m", "gpu_operator", "controller",
             "--kubeconfig", str(sim.kubeconfig_path), "--namespace", NAMESPACE,
             "--metrics-bind-address", "127.0.0.1:0",
             "--health-probe-bind-address", "127.0.0.1:0", "--log-level", "warning",
+            "--leader-elect",  # as the chart runs it: the Lease renewals are steady-state traffic
         ],
         env={**os.environ, **images, **env},
     )  # fmt: skip
@@ -148,13 +163,36 @@ def grouped(counts: dict[tuple[str, str], int]) -> str:
     return ", ".join(f"{key}={n}" for key, n in sorted(by_key.items())) or "none"
 
 
+async def operator_quiet(pid: int, window: float = 1.0, limit: float = 600.0) -> None:
+    """Return once the operator used under 2% of a core over `window` seconds (its passes after
+    ready are over), or after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(window)
+        now = cpu_seconds(pid)
+        if now - before < 0.02 * window:
+            return
+        before = now
+
+
 async def run_size(
-    nodes: int, steady: float, joins: int, events: bool, log: Any, *, tune_gc: bool = True
+    nodes: int,
+    steady: float,
+    joins: int,
+    events: bool,
+    log: Any,
+    *,
+    tune_gc: bool = True,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"nodes": nodes, "events": events}
     reset_peak_rss()
     config = KubeletConfig(instant=True, lease_interval=None)
-    async with kubesim.Cluster(kubelet=config, events=events, node_filesystems=False) as sim:
+    # The operand images are made up (registry.local, see start_operator): its registry has them.
+    async with kubesim.Cluster(
+        kubelet=config, events=events, node_filesystems=False, images=FAKE_REGISTRY
+    ) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)
@@ -165,7 +203,7 @@ async def run_size(
             gc.collect()
             gc.freeze()  # the nodes live as long as the run: no collector passes over them
             freezer = asyncio.get_running_loop().create_task(freeze_survivors())
-        operator = start_operator(sim)
+        operator = start_operator(sim, profile)
         try:
             # Let the operator list and open its watches before the clock starts.
             await sim.wait_for(lambda: sim.stats.count("watch", "nodes") > 0, 600, "operator up")
@@ -209,6 +247,14 @@ async def run_size(
                 f"{result['operator_cpu_s']:.1f}s operator CPU, {result['pods']} pods): "
                 f"{grouped(converge)}"
             )
+            # The passes that follow ready (status coalescing, the last pods' events) count too.
+            await operator_quiet(operator.pid)
+            result["quiet_s"] = time.monotonic() - started
+            result["operator_quiet_cpu_s"] = cpu_seconds(operator.pid) - operator_cpu_before
+            log(
+                f"  operator quiet after {result['quiet_s']:.1f}s "
+                f"({result['operator_quiet_cpu_s']:.1f}s operator CPU)"
+            )
             log(f"  joins during rollout (s): {' '.join(f'{t:.3f}' for t in during)}")
 
             before = sim.stats.snapshot()
@@ -248,7 +294,7 @@ async def run_size(
         finally:
             operator.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                operator.wait(10)
+                operator.wait(60 if profile is not None else 10)
     if freezer is not None:
         freezer.cancel()
         gc.unfreeze()
@@ -279,6 +325,8 @@ def summarize(result: dict[str, Any]) -> list[str]:
         f"| ClusterPolicy created -> all states ready | {result['converge_s']:.1f} s "
         f"({result['converge_cpu_s']:.1f} s kubesim CPU, {result['operator_cpu_s']:.1f} s "
         f"operator CPU, {result['pods']} pods) |",
+        f"| ClusterPolicy created -> operator quiet | {result['quiet_s']:.1f} s "
+        f"({result['operator_quiet_cpu_s']:.1f} s operator CPU) |",
         "| event-loop stall while converging (p50 / p99 / max) | "
         + " / ".join(f"{v:.0f} ms" for v in result["stall_ms"])
         + " |",
@@ -297,6 +345,34 @@ def summarize(result: dict[str, Any]) -> list[str]:
     ]
 
 
+LEASE_RESOURCE = "leases.coordination.k8s.io"
+
+
+def figures(result: dict[str, Any], steady: float) -> dict[str, float]:
+    """The figures bench/history.jsonl keeps (all lower-is-better)."""
+    per_min = 60.0 / steady if steady > 0 else 0.0
+    requests = result["steady_requests"]
+
+    def rate(match: Any) -> float:
+        return sum(n for (verb, res), n in requests.items() if match(verb, res)) * per_min
+
+    return {
+        "converge_s": result["converge_s"],
+        # CPU seconds are the robust figure on a shared machine (wall time varies with load).
+        "operator_cpu_s": result["operator_cpu_s"],
+        "operator_quiet_cpu_s": result["operator_quiet_cpu_s"],
+        "steady_requests_per_min": rate(lambda v, r: True),
+        "steady_lease_puts_per_min": rate(lambda v, r: v == "update" and r == LEASE_RESOURCE),
+        "steady_reads_per_min": rate(lambda v, r: v in ("get", "list")),
+        "steady_other_writes_per_min": rate(
+            lambda v, r: v not in ("get", "list", "watch") and r != LEASE_RESOURCE
+        ),
+        "operator_rss_mb": result["rss_mb"],
+        "join_settled_p50_s": statistics.median(result["join_settled_s"] or [0.0]),
+        "edit_s": result["edit_s"],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
@@ -307,6 +383,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--default-gc", action="store_true", help="keep Python's default collector thresholds"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="run the operator under cProfile and write its statistics to FILE "
+        "(FILE.<nodes> with several sizes); read with `python -m pstats FILE`",
     )
     args = parser.parse_args()
     if not args.default_gc:
@@ -321,10 +404,40 @@ def main() -> int:
     for nodes in args.nodes:
         log(f"{nodes} GPU nodes:")
         tune_gc = not args.default_gc
+        profile = args.profile
+        if profile is not None and len(args.nodes) > 1:
+            profile = profile.with_name(f"{profile.name}.{nodes}")
         result = asyncio.run(
-            run_size(nodes, args.steady, args.joins, not args.no_events, log, tune_gc=tune_gc)
+            run_size(
+                nodes,
+                args.steady,
+                args.joins,
+                not args.no_events,
+                log,
+                tune_gc=tune_gc,
+                profile=profile,
+            )
         )
         rows.extend(summarize(result))
+        per_min = 60.0 / args.steady if args.steady > 0 else 0.0
+        log(
+            "  steady state per minute: "
+            + ", ".join(
+                f"{verb} {res}={n * per_min:.0f}"
+                for (verb, res), n in sorted(result["steady_requests"].items())
+            )
+        )
+        history.append(
+            "operator_scale",
+            figures(result, args.steady),
+            config={
+                "nodes": nodes,
+                "events": not args.no_events,
+                "steady_s": args.steady,
+                # cProfile slows the operator: its runs are compared only with each other.
+                **({"profiled": True} if profile is not None else {}),
+            },
+        )
     print("\n".join(rows))
     return 0
 

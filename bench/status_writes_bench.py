@@ -26,7 +26,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from operator_scale import GPU_LABELS, NAMESPACE, POLICY, freeze_survivors, start_operator
+from operator_scale import (
+    FAKE_REGISTRY,
+    GPU_LABELS,
+    NAMESPACE,
+    POLICY,
+    freeze_survivors,
+    start_operator,
+)
 
 import kubesim
 from gpu_operator.api import crds
@@ -73,7 +80,7 @@ async def run(
     nodes: int, edits: int, gap: float, interval: float, instant: bool, log: Any
 ) -> dict[str, Any]:
     config = KubeletConfig(instant=instant, lease_interval=None)
-    async with kubesim.Cluster(kubelet=config, node_filesystems=False) as sim:
+    async with kubesim.Cluster(kubelet=config, node_filesystems=False, images=FAKE_REGISTRY) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)

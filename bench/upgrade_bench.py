@@ -174,7 +174,13 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
             )
         )
         store.create(
-            _daemonset(states.VALIDATOR_APP, states.VALIDATOR_APP, uid, "validator:v1", deploy)
+            _daemonset(
+                states.VALIDATOR_APP,
+                states.VALIDATOR_APP,
+                uid,
+                "nvcr.io/nvidia/gpu-operator:v26.7.0",
+                deploy,
+            )
         )
         store.create(
             {
@@ -190,7 +196,7 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
                             "containers": [
                                 {
                                     "name": "main",
-                                    "image": "cuda:13",
+                                    "image": "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04",
                                     "resources": {"limits": {gpu: "1"}},
                                 }
                             ]

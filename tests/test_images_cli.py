@@ -164,3 +164,38 @@ def test_missing_values_file_is_named(tmp_path: Path) -> None:
     result = runner.invoke(app, ["images", "--values", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 2
     assert "nope.yaml" in result.output
+
+
+METRICS_POLICY = PRECOMPILED.replace(
+    "dcgmExporter: {}", "dcgmExporter: {config: {name: custom-dcgm-metrics}}"
+).replace("usePrecompiled: true", "usePrecompiled: false")
+METRICS_CM = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: custom-dcgm-metrics}
+data:
+  dcgm-metrics.csv: |
+    DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization
+"""
+
+
+def test_a_config_map_not_given_is_a_warning_and_every_image_is_listed(tmp_path: Path) -> None:
+    policy = tmp_path / "cp.yaml"
+    policy.write_text(METRICS_POLICY)
+    alone = runner.invoke(app, ["images", "-f", str(policy)])
+    assert alone.exit_code == 0, alone.output
+    assert (
+        "warning: spec.dcgmExporter.config.name: ConfigMap custom-dcgm-metrics was not given"
+        in (alone.stderr)
+    )
+    assert any("dcgm-exporter" in image for image in alone.stdout.splitlines())
+
+    # Given in a second file (or on stdin): checked, nothing to say, the same images.
+    config_map = tmp_path / "cm.yaml"
+    config_map.write_text(METRICS_CM)
+    both = runner.invoke(app, ["images", "-f", str(policy), "-f", str(config_map)])
+    assert both.exit_code == 0, both.output
+    assert "warning" not in both.stderr
+    assert both.stdout == alone.stdout
+    piped = runner.invoke(app, ["images", "-f", str(policy), "-f", "-"], input=METRICS_CM)
+    assert (piped.exit_code, piped.stdout) == (0, alone.stdout)

@@ -44,6 +44,24 @@ pools:
 """
 
 
+CONFIG_MAP = "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata: {data}\n"
+# Seed document 002's counters ConfigMap, under the key the exporter reads.
+METRICS = """\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: custom-dcgm-metrics
+  namespace: gpu-operator
+data:
+  dcgm-metrics.csv: |
+    # GPU utilization
+    DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization
+    # Memory usage
+    DCGM_FI_DEV_FB_USED, gauge, GPU memory used
+    DCGM_FI_DEV_FB_FREE, gauge, GPU memory free
+"""
+
+
 def _policy(path: Path, **spec: Any) -> Path:
     """A minimal valid ClusterPolicy file with `spec` sections replaced."""
     body: dict[str, Any] = {
@@ -155,13 +173,17 @@ def test_json_output_is_a_list_of_the_same_objects() -> None:
 
 
 def test_disabled_states_are_commented_and_failed_ones_reported(tmp_path: Path) -> None:
-    policy = _policy(tmp_path / "cp.yaml", driver={"repoConfig": {"configMapName": "repos"}})
-    result = _invoke("-f", str(policy))
+    # A licensing ConfigMap given without the key the driver mounts: the controller holds the
+    # driver back, so render fails that state.
+    policy = _policy(tmp_path / "cp.yaml", driver={"licensingConfig": {"configMapName": "lic"}})
+    licence = tmp_path / "lic.yaml"
+    licence.write_text(CONFIG_MAP.format(name="lic", data="{nls.conf: x}"))
+    result = _invoke("-f", str(policy), "-f", str(licence))
     assert result.exit_code == 1  # the driver state cannot be rendered: the policy would fail
     assert "# state-dcgm: disabled" in result.stdout
     assert "# state-driver: failed: " in result.stdout
     assert "state-driver: failed:" in result.stderr
-    assert "repos" in result.stderr
+    assert "ConfigMap lic in namespace gpu-operator has no key gridd.conf" in result.stderr
     assert not any(o["kind"] == "DaemonSet" and o["metadata"]["name"] ==
                    "nvidia-driver-daemonset" for o in _objects(result.stdout))  # fmt: skip
 
@@ -242,3 +264,93 @@ def test_configmaps_in_the_input_feed_the_facts(tmp_path: Path) -> None:
                   and o["metadata"]["name"] == "nvidia-driver-daemonset")  # fmt: skip
     mounts = driver["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert any("a.list" in str(m.get("subPath", "")) + str(m["mountPath"]) for m in mounts)
+
+
+def _daemonset(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == name)
+
+
+def test_a_config_map_not_given_is_a_warning_and_every_object_renders(tmp_path: Path) -> None:
+    # Issue 30 item 17: offline there is no cluster to find the ConfigMap in; a GitOps user keeps
+    # it in another file. The ConfigMap is said to be unchecked, and everything renders.
+    policy = _policy(tmp_path / "cp.yaml", dcgmExporter={"config": {"name": "custom-dcgm-metrics"}})
+    result = _invoke("-f", str(policy))
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: spec.dcgmExporter.config.name: ConfigMap custom-dcgm-metrics was not given "
+        "(pass it with -f to check it); the operator waits until ConfigMap custom-dcgm-metrics "
+        "exists in namespace gpu-operator with key dcgm-metrics.csv"
+    ) in " ".join(result.stderr.split())
+    exporter = _daemonset(_objects(result.stdout), "nvidia-dcgm-exporter")
+    volumes = exporter["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "custom-dcgm-metrics", "items": [{"key": "dcgm-metrics.csv",
+            "path": "dcgm-metrics.csv"}]} in [v.get("configMap") for v in volumes]  # fmt: skip
+
+
+def test_config_maps_given_in_other_files_or_on_stdin_are_checked(tmp_path: Path) -> None:
+    policy = _policy(tmp_path / "cp.yaml", dcgmExporter={"config": {"name": "custom-dcgm-metrics"}})
+    metrics = tmp_path / "metrics.yaml"
+    metrics.write_text(METRICS)
+    given = _invoke("-f", str(policy), "-f", str(metrics))
+    assert given.exit_code == 0, given.output
+    assert "warning" not in given.output
+    alone = _invoke("-f", str(policy)).stdout
+    assert _objects(given.stdout) == _objects(alone)
+    # The output kept in Git says what was not checked, too.
+    assert (
+        "# warning: spec.dcgmExporter.config.name: ConfigMap custom-dcgm-metrics was not" in alone
+    )
+
+    # The seed's own key, `metrics.csv`, on stdin: the exporter would never start.
+    seed = METRICS.replace("dcgm-metrics.csv: |", "metrics.csv: |")
+    result = CliRunner().invoke(app, ["render", "-f", str(policy), "-f", "-"], input=seed)
+    assert result.exit_code == 1
+    assert (
+        "state-dcgm-exporter: failed: state-dcgm-exporter: spec.dcgmExporter.config.name: "
+        "ConfigMap custom-dcgm-metrics in namespace gpu-operator has no key dcgm-metrics.csv "
+        "(its keys: metrics.csv): the DCGM exporter reads key dcgm-metrics.csv only: rename key "
+        "metrics.csv to dcgm-metrics.csv"
+    ) in " ".join(result.stderr.split())
+    assert "nvidia-dcgm-exporter" not in {o["metadata"]["name"] for o in _objects(result.stdout)}
+
+    # A bad counter line in a given ConfigMap: reported with its line, as the operator does.
+    typo = METRICS.replace("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_FRE")
+    result = CliRunner().invoke(app, ["render", "-f", str(policy), "-f", "-"], input=typo)
+    assert result.exit_code == 1
+    assert "line 5: unknown DCGM field 'DCGM_FI_DEV_FB_FRE'" in result.stderr
+
+
+def test_a_config_map_in_another_namespace_is_left_out_and_said(tmp_path: Path) -> None:
+    policy = _policy(tmp_path / "cp.yaml", dcgmExporter={"config": {"name": "custom-dcgm-metrics"}})
+    result = CliRunner().invoke(
+        app, ["render", "-f", str(policy), "-f", "-", "--namespace", "gpu-ops"], input=METRICS
+    )
+    assert result.exit_code == 0, result.output
+    stderr = " ".join(result.stderr.split())
+    assert (
+        "warning: ConfigMap custom-dcgm-metrics is in namespace gpu-operator, not in the "
+        "operator's namespace gpu-ops: the operator does not read it (left out)"
+    ) in stderr
+    assert "ConfigMap custom-dcgm-metrics was not given" in stderr
+
+
+def test_a_driver_config_map_not_given_renders_without_its_file_mounts(tmp_path: Path) -> None:
+    policy = _policy(tmp_path / "cp.yaml", driver={"repoConfig": {"configMapName": "repos"}})
+    result = _invoke("-f", str(policy))
+    assert result.exit_code == 0, result.output
+    assert (
+        "spec.driver.repoConfig.configMapName: ConfigMap repos was not given (pass it with -f to "
+        "check it); its file mounts are left out of the rendered DaemonSet"
+    ) in " ".join(result.stderr.split())
+    driver = _daemonset(_objects(result.stdout), "nvidia-driver-daemonset")
+    volumes = driver["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "repo-config", "configMap": {"name": "repos"}} in volumes
+
+
+def test_no_cluster_policy_but_a_gpu_cluster_policy_gets_the_suggestion(tmp_path: Path) -> None:
+    path = tmp_path / "gcp.yaml"
+    path.write_text("apiVersion: gpu.nvidia.com/v1\nkind: GPUClusterPolicy\nmetadata: {name: g}\n")
+    result = _invoke("-f", str(path))
+    assert result.exit_code == 2
+    assert "no ClusterPolicy found in the input" in result.stderr
+    assert "did you mean ClusterPolicy (nvidia.com/v1)?" in result.stderr

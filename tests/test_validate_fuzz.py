@@ -41,7 +41,17 @@ _CHILD = textwrap.dedent(
         optional={"metadata": values | st.just({"name": "cp"}), "items": values},
     )
     tags = st.sampled_from(["!!float x", "!!int 1.5", "!!bool maybe", "!!timestamp x",
-                            "!!binary @@", "&a [*a]", "!custom 1", "!!str", "*nope"])
+                            "!!binary @@", "&a [*a]", "!custom 1", "!!str", "*nope",
+                            "!!map [1, 2]", "!!map 5", "!!map", "!!set {a}", "!!omap [a: 1]",
+                            "!!pairs [a: 1]", "!!seq {a: 1}", "!!str [1]", "!!null {a: 1}",
+                            ".nan", "-.inf", "1.0e+999", "!!float 1e999", "1" * 5000,
+                            "0x" + "f" * 300])
+    # Numbers as JSON text: within and out of what the API server holds, and non-JSON ones.
+    numbers = st.sampled_from(["1" * 5000, "-" + "9" * 310, "1e999", "-1e309", "NaN",
+                               "Infinity", "-Infinity", "1.7976931348623157e308", "1e-999",
+                               "123456789012345678901234567890"])
+    places = st.sampled_from(["spec: {}", "metadata: {}", "spec: {driver: {}}", "{}",
+                              "items:\\n- {}", "mig-configs: {}"])
 
     def nested(depth, flow):
         return ("[" * depth + "]" * depth) if flow else "".join(
@@ -50,9 +60,19 @@ _CHILD = textwrap.dedent(
     @st.composite
     def texts(draw):
         obj = draw(doc)
-        style = draw(st.sampled_from(["json", "yaml", "tag", "deep", "dup", "raw"]))
+        style = draw(st.sampled_from(
+            ["json", "yaml", "tag", "deep", "dup", "raw", "tagged", "number"]))
         if style == "json":
             return json.dumps(obj)
+        if style == "number":
+            text = json.dumps(obj)
+            return text[:-1] + ', "n": [' + draw(numbers) + "]}"
+        if style == "tagged":
+            # A tag or shape where a mapping is expected (the document, spec, metadata, ...).
+            value = draw(tags)
+            place = draw(places)
+            prefix = "" if place == "{}" else "apiVersion: nvidia.com/v1\\nkind: ClusterPolicy\\n"
+            return prefix + place.replace("{}", value, 1) + "\\n"
         if style == "raw":
             return draw(st.text(alphabet="{}[]:-,!&*|>'\\"# \\nab1", max_size=80))
         head = "apiVersion: nvidia.com/v1\\nkind: ClusterPolicy\\nmetadata: {name: cp}\\n"

@@ -177,8 +177,8 @@ def validate(
     kubeconfig: str | None = typer.Option(
         None,
         "--kubeconfig",
-        help="Also read the MIG and device-plugin ConfigMaps a ClusterPolicy names from this "
-        "cluster (those given with -f win).",
+        help="Also read the ConfigMaps a ClusterPolicy or NVIDIADriver names from this cluster "
+        "(those given with -f win).",
     ),
     namespace: str | None = typer.Option(
         None,
@@ -189,8 +189,8 @@ def validate(
     ),
 ) -> None:
     """Check ClusterPolicy and NVIDIADriver manifests, mig-parted configs (a ConfigMap or a
-    bare file) and the ConfigMaps a policy names: exit 0 valid, 1 invalid, 2 unreadable."""
-    from gpu_operator import validate_refs
+    bare file) and the ConfigMaps they name: exit 0 valid, 1 invalid, 2 unreadable."""
+    from gpu_operator import api, validate_refs
 
     if kubeconfig and not namespace:
         err.print("error: --kubeconfig needs --namespace (the operator's namespace)")
@@ -209,8 +209,8 @@ def validate(
     referenced = {
         ref.name
         for _, obj in objects
-        if obj.get("kind") == "ClusterPolicy"
-        for ref in validate_refs.references(obj)
+        if isinstance(obj, dict)
+        for ref in validate_refs.references_of(obj)
     }
     if kubeconfig and namespace and referenced - set(given):
         given = {**_read_config_maps(kubeconfig, namespace, referenced - set(given)), **given}
@@ -229,10 +229,22 @@ def validate(
                 decoded = [validation.Problem(path, message) for path, message in document.problems]
                 result.errors[:0] = decoded
             if result.skipped:
-                err.print(f"{label}: {result.ref}: skipped (not a GPU operator kind)", markup=False)
+                suggestion = validation.kind_suggestion(document.obj)
+                if suggestion is None:
+                    err.print(
+                        f"{label}: {result.ref}: skipped (not a GPU operator kind)", markup=False
+                    )
+                    continue
+                typer.echo(f"{label}: {result.ref}: {suggestion}")
+                checked_any = failed = True
                 continue
+            model = result.obj if isinstance(result.obj, api.ClusterPolicy) else None
             refs = validate_refs.check(
-                document.obj, given, complete=kubeconfig is not None, namespace=namespace
+                document.obj,
+                given,
+                complete=kubeconfig is not None,
+                namespace=namespace,
+                policy=model,
             )
             for warning in result.warnings:
                 err.print(f"{label}: {result.ref}: warning: {warning}", markup=False)
@@ -392,8 +404,12 @@ class RenderFormat(StrEnum):
 
 @app.command("render")
 def render_command(
-    filename: str = typer.Option(
-        ..., "-f", "--filename", help="File with a ClusterPolicy (YAML or JSON); - is stdin."
+    filenames: list[str] = typer.Option(
+        ...,
+        "-f",
+        "--filename",
+        help="File with a ClusterPolicy and the ConfigMaps it names (YAML or JSON, several "
+        "documents; repeatable); - is stdin.",
     ),
     facts: Path | None = typer.Option(
         None, "--facts", help="Cluster facts YAML (node pools, OS, runtime...; see docs/demo.md)."
@@ -407,42 +423,51 @@ def render_command(
     from gpu_operator import api
     from gpu_operator import render as render_mod
 
+    labels = ["<stdin>" if filename == "-" else filename for filename in filenames]
+    labelled: list[tuple[str, dict[str, Any]]] = []
     try:
-        documents = manifests.read(filename)
+        for filename, label in zip(filenames, labels, strict=True):
+            labelled += [(label, doc) for doc in manifests.read(filename)]
         facts_file = (
             render_mod.load_facts(facts) if facts is not None else render_mod.parse_facts({})
         )
     except (manifests.ManifestError, render_mod.FactsError) as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
-    label = "<stdin>" if filename == "-" else filename
-    policies = [d for d in documents if d.get("kind") == "ClusterPolicy"]
+    documents = [doc for _, doc in labelled]
+    inputs = ", ".join(dict.fromkeys(labels))
+    policies = [(label, d) for label, d in labelled if d.get("kind") == "ClusterPolicy"]
     if not policies:
-        err.print(f"error: {label}: no ClusterPolicy found in the input", markup=False)
+        hints = [hint for d in documents if (hint := validation.kind_suggestion(d))]
+        more = f" ({hints[0]})" if hints else ""
+        err.print(f"error: {inputs}: no ClusterPolicy found in the input{more}", markup=False)
         raise typer.Exit(2)
-    for doc in documents:
+    for label, doc in labelled:
         if doc.get("kind") not in ("ClusterPolicy", "ConfigMap"):
             err.print(f"{label}: {doc.get('kind')}: skipped (render covers ClusterPolicy)")
+    label, first = policies[0]
     if len(policies) > 1:
-        err.print(f"{label}: several ClusterPolicies; rendering the first (the controller "
+        err.print(f"{inputs}: several ClusterPolicies; rendering the first (the controller "
                   "reconciles only the oldest)", markup=False)  # fmt: skip
-    result = validation.check_document(policies[0])
+    result = validation.check_document(first)
     for warning in result.warnings:
         err.print(f"{label}: {result.ref}: warning: {warning}", markup=False)
     if not result.ok or not isinstance(result.obj, api.ClusterPolicy):
         for problem in result.errors:
             err.print(f"{label}: {result.ref}: {problem}", markup=False)
         raise typer.Exit(1)
-    rendered = render_mod.render(
-        result.obj, facts_file, namespace, render_mod.config_map_keys(documents)
-    )
+    given = render_mod.given_config_maps(documents, namespace or facts_file.namespace)
+    rendered = render_mod.render(result.obj, facts_file, namespace, given.keys, given.data)
+    for text in [*given.warnings, *rendered.warnings]:
+        err.print(f"warning: {text}", markup=False)
     for state, kind, message in rendered.notes:
         if kind != "disabled":
             err.print(f"{state}: {kind}: {message}", markup=False)
     if output is RenderFormat.json:
         typer.echo(json.dumps(render_mod.to_list(rendered), indent=2))
     else:
-        header = [f"gpu-operator render -f {label}: {len(rendered.objects)} objects"]
+        sources = " ".join(f"-f {label}" for label in labels)
+        header = [f"gpu-operator render {sources}: {len(rendered.objects)} objects"]
         typer.echo(render_mod.to_yaml(rendered, header), nl=False)
     raise typer.Exit(1 if rendered.failed else 0)
 
@@ -505,6 +530,14 @@ def demo_command(
         help="Toolkit pods of NVIDIA's image behave as NVIDIA's toolkit (it rewrites the "
         "runtime config and leaves it so) instead of running our agent.",
     ),
+    images: list[str] = typer.Option(
+        [],
+        "--image",
+        help="An image the simulated registries hold besides the chart's and the public ones "
+        "(kubesim's defaults), as [HOST/]PATH[:TAG] with globs, e.g. "
+        "registry.example.com/nvidia/* for values pointing at a private mirror; other images "
+        "fail to pull (ErrImagePull) as on a cluster. Repeatable.",
+    ),
 ) -> None:
     """Run the operator on a simulated cluster with mock GPUs and show it converge."""
     # Imported here: the demo loads the simulated cluster, which no other command needs.
@@ -518,6 +551,14 @@ def demo_command(
     except fleet_mod.FleetError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(2) from None
+    from kubesim import images as sim_images
+
+    for pattern in images:
+        try:
+            sim_images.entry(pattern)
+        except ValueError as exc:
+            err.print(f"error: --image: {exc}", markup=False)
+            raise typer.Exit(2) from None
     body = session.DEFAULT_POLICY
     extra: list[dict[str, Any]] = []
     if policy is not None:
@@ -556,6 +597,7 @@ def demo_command(
         values=list(values),
         sets=list(sets),
         nvidia_toolkit=nvidia_toolkit,
+        images=list(images),
         chart=chart,
         policy=body,
         objects=extra,

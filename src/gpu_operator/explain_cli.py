@@ -23,7 +23,12 @@ app = typer.Typer(
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 T = TypeVar("T")
-MARKS = {"ok": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}
+MARKS = {
+    "ok": "[green]✓[/]",
+    "warning": "[yellow]![/]",
+    "failed": "[red]✗[/]",
+    "skipped": "[dim]-[/]",
+}
 
 
 class Output(StrEnum):
@@ -71,12 +76,16 @@ def run_api(
 
 
 def tree(verdict: explain.Verdict) -> Tree:
-    """The verdict as a rich tree: one branch per link, evidence and fix under the failing one."""
+    """The verdict as a rich tree: one branch per link, evidence and fix under the failing link
+    and under each warning."""
     head = "[green]usable[/]" if verdict.usable else "[red]not usable[/]"
+    if verdict.usable and verdict.warnings:
+        count = len(verdict.warnings)
+        head += f", [yellow]{count} warning{'s' if count > 1 else ''}[/]"
     root = Tree(f"node [bold]{escape(verdict.node)}[/]: {head}")
     for link in verdict.links:
         branch = root.add(f"{MARKS[link.status]} {escape(link.title)}: {escape(link.summary)}")
-        if link.status == "failed" or link.id == "device-plugin":
+        if link.status in ("failed", "warning") or link.id == "device-plugin":
             for evidence in link.evidence:
                 branch.add(
                     f"[dim]{evidence.kind}[/] {escape(evidence.ref)}: {escape(evidence.text)}"
@@ -183,7 +192,8 @@ def must_gather_command(
 ) -> None:
     """One tar.gz for a bug report: operator and operand logs (current and previous), DaemonSets,
     ClusterPolicy/NVIDIADrivers, GPU nodes, Events, rendered objects, `explain` per GPU node.
-    Never a Secret; tokens redacted; bounded per log, in all and in time (see the docs)."""
+    Never a Secret; credentials redacted by shape and by name, counted per kind in MANIFEST.txt;
+    bounded per log, in all and in time (see the docs)."""
     import time
     from pathlib import Path
 
@@ -215,4 +225,9 @@ def must_gather_command(
         left = f"; left out: {len(archive.left_out)} items (listed in MANIFEST.txt)"
     elif archive.left_out:
         left = f"; left out: {'; '.join(archive.left_out)}"
-    typer.echo(f"wrote {target}: {len(archive.files)} files, {len(data)} bytes{left}")
+    redacted = sum(archive.redacted.values())
+    kinds = " (kinds in MANIFEST.txt)" if redacted else ""
+    typer.echo(
+        f"wrote {target}: {len(archive.files)} files, {len(data)} bytes, "
+        f"{redacted} value(s) redacted{kinds}{left}"
+    )

@@ -109,7 +109,8 @@ def _add_drivers(
 ) -> None:
     """NVIDIADriver objects: one DaemonSet per pool as the NVIDIADriver controller renders it
     (precompiled drivers: one image tag per kernel of the facts' pools)."""
-    facts = render.cluster_facts(facts_file)
+    given = render.given_config_maps(documents, facts_file.namespace)
+    facts = render.cluster_facts(facts_file, config_maps=given.keys, config_map_data=given.data)
     nodes = [
         (f"{pool.name}-{i}", render.pool_labels(pool, nfd=facts_file.nfd))
         for pool in facts_file.pools
@@ -160,7 +161,9 @@ def from_documents(
     # The operator's own `*_IMAGE` env are fallbacks, pulled only by the operands that use them
     # (render resolves those); the chart's containers themselves are pulled.
     add_objects(out, documents, "chart", env=False)
-    rendered = render.render(policy, facts_file, namespace, render.config_map_keys(documents))
+    given = render.given_config_maps(documents, namespace or facts_file.namespace)
+    rendered = render.render(policy, facts_file, namespace, given.keys, given.data)
+    out.warnings += [*given.warnings, *rendered.warnings]
     for state, kind, message in rendered.notes:
         if kind in ("failed", "skipped") and message:
             out.warnings.append(f"{state}: {kind}: {message}")

@@ -66,11 +66,11 @@ def chart_objects(chart: Path, values: list[Path], namespace: str) -> list[dict[
 
 
 def images_command(
-    filename: str | None = typer.Option(
-        None,
+    filenames: list[str] = typer.Option(
+        [],
         "-f",
         "--filename",
-        help="ClusterPolicy file (with NVIDIADrivers, ConfigMaps); - is stdin.",
+        help="ClusterPolicy file (with NVIDIADrivers, ConfigMaps; repeatable); - is stdin.",
     ),
     values: list[Path] = typer.Option(
         [], "--values", help="Chart values file (repeatable): list what `helm install` would pull."
@@ -87,15 +87,16 @@ def images_command(
     ),
 ) -> None:
     """Every image the policy or the chart would pull, deduplicated and sorted (for mirroring)."""
-    if (filename is None) == (not values and chart is None):
+    if bool(filenames) == bool(values or chart is not None):
         err.print("error: give either -f POLICY or --values FILE (or --chart DIR)")
         raise typer.Exit(2)
     try:
         facts_file = render.load_facts(facts) if facts is not None else render.parse_facts({})
-        if filename is not None:
-            label = "<stdin>" if filename == "-" else filename
+        if filenames:
+            labels = ["<stdin>" if filename == "-" else filename for filename in filenames]
+            documents = [doc for filename in filenames for doc in manifests.read(filename)]
             listed = image_list.from_documents(
-                manifests.read(filename), facts_file, label=label, namespace=namespace
+                documents, facts_file, label=", ".join(dict.fromkeys(labels)), namespace=namespace
             )
         else:
             objects = chart_objects(chart or find_chart(), values, namespace)

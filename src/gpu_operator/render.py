@@ -4,6 +4,7 @@ would create for a ClusterPolicy, from the same planners the controller runs (pu
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,12 +13,12 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
-from gpu_operator import __version__, api
+from gpu_operator import __version__, api, validate_refs
 from gpu_operator.api import keys, manifests, upstream_release
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.nodes import labelling
 from gpu_operator.nvml import catalog
-from gpu_operator.operands import registry
+from gpu_operator.operands import dcgm_exporter, registry
 from gpu_operator.operands.facts import ClusterFacts
 
 # The images the Helm chart pins by default (NVIDIA's release in api/upstream_release.yaml), offered
@@ -141,21 +142,26 @@ def cluster_facts(
     facts_file: FactsFile,
     namespace: str | None = None,
     config_maps: Mapping[str, Sequence[str]] | None = None,
+    config_map_data: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ClusterFacts:
     """Fold the pools into ClusterFacts exactly as the controller folds its node cache.
 
-    `config_maps` (name -> keys, e.g. ConfigMaps found next to the policy) add to the file's."""
+    `config_maps` (name -> keys, e.g. ConfigMaps found next to the policy) add to the file's, and
+    `config_map_data` gives the contents of keys a renderer checks. Offline these are the only
+    ConfigMaps known: one not given is unknown, not missing, and node labels are unknown."""
     known = {**{n: tuple(k) for n, k in (config_maps or {}).items()}}
     known.update({name: tuple(k) for name, k in facts_file.config_maps.items()})
-    return facts_mod.from_nodes(
+    facts = facts_mod.from_nodes(
         _pool_nodes(facts_file),
         namespace=namespace or facts_file.namespace or "gpu-operator",
         operator_env={**DEFAULT_OPERATOR_ENV, **CHART_OPERATOR_ENV, **facts_file.operator_env},
         has_servicemonitor_crd=facts_file.service_monitor_crd,
         has_prometheusrule_crd=facts_file.prometheus_rule_crd,
         config_map_keys=known,
+        config_map_data=config_map_data,
         kubernetes_version=facts_file.kubernetes_version,
     )
+    return dataclasses.replace(facts, config_maps_complete=False, plugin_config_labels=None)
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,8 @@ class Rendered:
     objects: list[dict[str, Any]] = field(default_factory=list)
     # (state name, "disabled" | "failed" | "skipped", message)
     notes: list[tuple[str, str, str]] = field(default_factory=list)
+    # What the operator would say that holds nothing back (e.g. a ConfigMap that was not given).
+    warnings: list[str] = field(default_factory=list)
     sections: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     pools: list[PoolOperands] = field(default_factory=list)
 
@@ -187,11 +195,22 @@ def render(
     facts_file: FactsFile,
     namespace: str | None = None,
     config_maps: Mapping[str, Sequence[str]] | None = None,
+    config_map_data: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Rendered:
-    """Every object the controller would apply for `policy` on a cluster with these facts."""
-    facts = cluster_facts(facts_file, namespace, config_maps)
-    out = Rendered()
+    """Every object the controller would apply for `policy` on a cluster with these facts.
+
+    The ConfigMaps the policy names are checked as the controller checks them (validate_refs):
+    a given one that lacks a key fails the states that mount it, as the controller holds them
+    back; one that was not given is a warning, and its states are rendered."""
+    facts = cluster_facts(facts_file, namespace, config_maps, config_map_data)
+    refs = validate_refs.check_facts(policy, facts)
+    blocked = refs.blocked
+    out = Rendered(warnings=[finding.message for finding in refs.notes])
     for state in registry.render_all(policy, facts):
+        if state.enabled and state.name in blocked:
+            kind = "failed" if facts.gpu_node_count else "skipped"
+            out.notes.append((state.name, kind, f"{state.name}: {blocked[state.name]}"))
+            continue
         if state.error is not None:
             # The controller's rule: facts such as the OS come from GPU nodes, so without any a
             # render failure is not an error yet.
@@ -222,8 +241,10 @@ def render(
 
 
 def to_yaml(rendered: Rendered, header: Sequence[str] = ()) -> str:
-    """Multi-document YAML with a comment per state (disabled and failed ones included)."""
+    """Multi-document YAML with a comment per state (disabled and failed ones included) and per
+    warning (a file kept in Git says what was not checked)."""
     lines = [f"# {line}" for line in header]
+    lines += [f"# warning: {warning}" for warning in rendered.warnings]
     for pool in rendered.pools:
         where = ", ".join(pool.operands) or "nothing (no GPU)"
         lines.append(f"# pool {pool.pool} ({pool.nodes} node(s)): {where}")
@@ -245,11 +266,43 @@ def to_list(rendered: Rendered) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": rendered.objects}
 
 
+@dataclass
+class GivenConfigMaps:
+    """The ConfigMaps among the input documents that the operator would read (those in its
+    namespace, or with none set), and a warning for each it would not."""
+
+    keys: dict[str, list[str]] = field(default_factory=dict)
+    data: dict[str, dict[str, str]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def given_config_maps(
+    documents: Sequence[Mapping[str, Any]], namespace: str | None = None
+) -> GivenConfigMaps:
+    """Keys (the driver mounts them file by file) and the checked contents (the exporter's
+    counters) of the ConfigMaps among the input documents."""
+    target = namespace or "gpu-operator"
+    out = GivenConfigMaps()
+    for doc in documents:
+        meta = doc.get("metadata")
+        if doc.get("kind") != "ConfigMap" or not isinstance(meta, dict):
+            continue
+        name = str(meta.get("name"))
+        where = meta.get("namespace")
+        if where and where != target:
+            out.warnings.append(
+                f"ConfigMap {name} is in namespace {where}, not in the operator's namespace "
+                f"{target}: the operator does not read it (left out)"
+            )
+            continue
+        out.keys[name] = validate_refs.config_map_keys(doc)
+        data = doc.get("data")
+        text = data.get(dcgm_exporter.METRICS_KEY) if isinstance(data, dict) else None
+        if isinstance(text, str):
+            out.data[name] = {dcgm_exporter.METRICS_KEY: text}
+    return out
+
+
 def config_map_keys(documents: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     """Keys of the ConfigMaps among the input documents (the driver mounts them file by file)."""
-    found: dict[str, list[str]] = {}
-    for doc in documents:
-        if doc.get("kind") == "ConfigMap" and isinstance(doc.get("metadata"), dict):
-            keys_ = [*(doc.get("data") or {}), *(doc.get("binaryData") or {})]
-            found[str(doc["metadata"].get("name"))] = sorted(keys_)
-    return found
+    return given_config_maps(documents).keys

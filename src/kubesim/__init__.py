@@ -12,6 +12,7 @@ from kubesim.controllers.kubelet import (
 from kubesim.cri import CriError, PodSandbox, RuntimeService, StartContainerError
 from kubesim.errors import ApiError
 from kubesim.faults import FaultRule, Faults
+from kubesim.images import ImageCatalog
 from kubesim.programs import ContainerView, ProgramResult, ProgramRun
 from kubesim.runner_logs import ContainerLogHandler
 from kubesim.stats import Stats
@@ -25,6 +26,7 @@ __all__ = [
     "CriError",
     "FaultRule",
     "Faults",
+    "ImageCatalog",
     "KubeletConfig",
     "PodContext",
     "PodRunner",

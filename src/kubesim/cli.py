@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from kubesim.images import ImageCatalog
 
 app = typer.Typer(name="kubesim", help="An in-memory Kubernetes API server.", no_args_is_help=True)
 
@@ -35,12 +39,43 @@ def serve(
     anonymous: bool = typer.Option(
         False, help="Serve requests without a token as system:anonymous instead of 401."
     ),
+    image: list[str] = typer.Option(
+        [],
+        "--image",
+        help="An image the simulated registries hold besides the defaults, as [HOST/]PATH[:TAG] "
+        "with globs (registry.local/* is every image there); repeatable.",
+    ),
+    registry: list[str] = typer.Option(
+        [],
+        "--registry",
+        help="A registry host (HOST[:PORT]) that resolves, holding only the --image entries "
+        "for it; repeatable.",
+    ),
+    pull_delay: float | None = typer.Option(
+        None, "--pull-delay", min=0.0, help="Seconds an image pull takes (default 0.2)."
+    ),
 ) -> None:
     """Run kubesim until interrupted."""
+    from kubesim import images
+
     if authorization not in ("open", "rbac"):
         raise typer.BadParameter("choose open or rbac", param_hint="--authorization")
+    try:
+        catalog = images.ImageCatalog(image, registries=(*images.DEFAULT_REGISTRIES, *registry))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--image/--registry") from None
     asyncio.run(
-        _serve(port, kubeconfig_out, nodes, instant, authentication, authorization, anonymous)
+        _serve(
+            port,
+            kubeconfig_out,
+            nodes,
+            instant,
+            authentication,
+            authorization,
+            anonymous,
+            catalog,
+            pull_delay,
+        )
     )
 
 
@@ -52,11 +87,15 @@ async def _serve(
     authentication: bool = True,
     authorization: str = "open",
     anonymous: bool = False,
+    catalog: ImageCatalog | None = None,
+    pull_delay: float | None = None,
 ) -> None:
     from kubesim.cluster import Cluster
     from kubesim.controllers.kubelet import KubeletConfig
 
     config = KubeletConfig(instant=instant, lease_interval=None if instant else 10.0)
+    if pull_delay is not None:
+        config.pull_delay = pull_delay
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -69,6 +108,7 @@ async def _serve(
         authorization=authorization,
         authentication=authentication,
         anonymous=anonymous,
+        images=catalog or (),
     ) as sim:
         typer.echo(f"kubesim serving {sim.url} (kubeconfig: {sim.kubeconfig_path})", err=True)
         typer.echo(sim.url, err=False)

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from aiohttp import web
 
 from kubesim import errors, service_ips
@@ -38,6 +37,7 @@ from kubesim.controllers.volumes import NodeFilesystems
 from kubesim.cri import RuntimeService
 from kubesim.devicemanager import DeviceManager
 from kubesim.faults import Faults
+from kubesim.images import ImageCatalog
 from kubesim.programs import Predicate, Program
 from kubesim.server import ApiServer
 from kubesim.stats import Stats
@@ -96,6 +96,14 @@ def kubeconfig(
     }
 
 
+def _catalog(given: Iterable[str] | ImageCatalog) -> ImageCatalog:
+    if isinstance(given, ImageCatalog):
+        return given
+    if isinstance(given, str):
+        raise TypeError("images is a list of image patterns, not one string")
+    return ImageCatalog(given)
+
+
 class Cluster:
     """A running simulated cluster: API server on loopback, store, controllers, faults and stats."""
 
@@ -119,6 +127,7 @@ class Cluster:
         authentication: bool | None = None,
         anonymous: bool = False,
         tls: bool | None = None,
+        images: Iterable[str] | ImageCatalog = (),
     ) -> None:
         enabled = set(ALL_CONTROLLERS if controllers is None else controllers)
         unknown = enabled - set(ALL_CONTROLLERS)
@@ -166,6 +175,10 @@ class Cluster:
         self.events = EventRecorder(self.store, enabled=events)
         self.kubelet = Kubelet(self.store, self.kubelet_config)
         self.kubelet.events = self.events
+        # The registries and images the nodes can pull: the defaults (kubesim.images) and
+        # `images` (patterns, or a whole catalog); more can be added at run time
+        # (`sim.images.add(...)`), and the next pull retry finds them.
+        self.images = self.kubelet.catalog = _catalog(images)
         # Logs, exec, attach, port-forward and proxy read the kubelet's container runtime.
         self.server.streaming.runtime = self.kubelet.runtime
         # Time-driven controllers read this clock; tests move it with `sim.clock.advance(s)`.
@@ -209,7 +222,7 @@ class Cluster:
             )
         self.auth.url = self.url
         self.auth.ca_data = self.tls.ca_data if self.tls else None
-        self.kubeconfig_path.write_text(yaml.safe_dump(self.auth.kubeconfig(self.auth.admin_token)))
+        self.auth.write_kubeconfig(self.auth.admin_token, self.kubeconfig_path)  # mode 0600
         if self.auth.mode == "rbac":
             self.auth.install_bootstrap_policy()
         self.kubelet.url = self.url
@@ -289,6 +302,18 @@ class Cluster:
         if not ready:
             self.kubelet.set_node_ready(name, False)
         return stored.copy()
+
+    def load_image(self, image: str, nodes: Iterable[str] | None = None) -> None:
+        """Put an image on nodes (all current nodes when None) without a pull, as `kind load`
+        or a node image with it pre-pulled would: `imagePullPolicy: Never` then finds it.
+        Raises ValueError for a name the kubelet could not parse."""
+        targets = (
+            list(nodes)
+            if nodes is not None
+            else [s.obj["metadata"]["name"] for s in self.store.scan(("", "nodes"))]
+        )
+        for node in targets:
+            self.kubelet.load_image(node, image)
 
     def remove_node(self, name: str) -> None:
         """Delete a node (its pods are garbage-collected and their runners stopped)."""

@@ -7,8 +7,9 @@ request limit because JSON is larger than the protobuf stored) and anything long
 most 10,000 operations and their copies may add at most 3 MiB; Go's JSON decoder stops at 10,000
 levels ("exceeded max depth"); the YAML decoder stops at the same depth ("yaml: exceeded max depth
 of 10000") and refuses documents decoded mostly through aliases ("yaml: document contains
-excessive aliasing", the ratio rule below). kubesim runs in Python, whose recursion limit cannot
-take 10,000 levels, so its depth limit is `MAX_DEPTH`; the refusals are worded the same way.
+excessive aliasing", the ratio rule below). kubesim takes the same 10,000 levels: a body deeper
+than `kubesim.deep.SHALLOW` is handled under a raised recursion limit (`kubesim.deep`), and the
+depth checks here never recurse.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import errors
+from kubesim import deep, errors
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
-MAX_DEPTH = 256
+MAX_DEPTH = 10_000
 MAX_JSON_PATCH_OPERATIONS = 10_000
 MAX_JSON_PATCH_COPY_BYTES = 3 * 1024 * 1024
 # etcd's default request limit; kubesim measures the stored object's JSON.
@@ -100,20 +101,22 @@ async def read_body(request: web.BaseRequest) -> bytes:
         raise too_large(f"limit is {MAX_BODY_BYTES}") from exc
 
 
-async def admit_body(request: web.BaseRequest, verb: str, kind: str, *, custom: bool) -> None:
-    """Check a write's media type, size and nesting before anything decodes its body.
+async def admit_body(request: web.BaseRequest, verb: str, kind: str, *, custom: bool) -> int:
+    """Check a write's media type, size and nesting before anything decodes its body; returns
+    the body's nesting depth as far as `kubesim.deep` needs it (exact up to SHALLOW levels,
+    "more than SHALLOW" beyond), 0 for no body.
 
     The body is read here (aiohttp keeps it for later `request.read()` calls), so every decoder
     downstream sees only bodies within the limits.
     """
     if verb not in ("create", "update", "patch", "delete", "deletecollection"):
-        return
+        return 0
     content_type = media_type(request)
     if verb == "patch":
         check_patch_type(content_type, custom=custom)
     body = await read_body(request)
     if not body:
-        return  # nothing to decode: the handlers answer for bodies they require
+        return 0  # nothing to decode: the handlers answer for bodies they require
     if verb != "patch":
         check_body_type(content_type)
     if content_type == APPLY_YAML:
@@ -123,6 +126,9 @@ async def admit_body(request: web.BaseRequest, verb: str, kind: str, *, custom: 
     else:
         purpose = PATCH if verb == "patch" else OBJECT
     check_nesting(body, content_type, purpose, kind)
+    if content_type in (YAML_TYPE, APPLY_YAML):
+        return _yaml_depth_bound(body, deep.SHALLOW)
+    return json_depth(body, deep.SHALLOW)
 
 
 # ----- nesting and aliases ----------------------------------------------------------------------
@@ -135,7 +141,7 @@ def check_nesting(body: bytes, content_type: str, purpose: str, kind: str) -> bo
     if content_type in (YAML_TYPE, APPLY_YAML):
         return _check_yaml(body, purpose, kind)
     json_types = (JSON_TYPE, JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH)
-    if content_type in json_types and _json_depth(body) > MAX_DEPTH:
+    if content_type in json_types and json_depth(body) > MAX_DEPTH:
         raise _decode_error(purpose, kind, body, "exceeded max depth", yaml_text=False)
     return False
 
@@ -144,10 +150,12 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
-def _json_depth(body: bytes) -> int:
-    """The deepest nesting of a JSON text (at most the count of openers, which is cheap)."""
+def json_depth(body: bytes, bound: int = MAX_DEPTH) -> int:
+    """The deepest nesting of a JSON text as far as `bound` matters: at most the count of its
+    openers (returned when that is within `bound`, which is cheap), else exact up to the first
+    level past `bound`. Iterative, so any depth is safe."""
     openers = body.count(b"{") + body.count(b"[")
-    if openers <= MAX_DEPTH:
+    if openers <= bound:
         return openers
     depth = deepest = 0
     for match in _BRACKETS.finditer(_JSON_STRING.sub(b'""', body)):
@@ -155,7 +163,7 @@ def _json_depth(body: bytes) -> int:
             depth += 1
             if depth > deepest:
                 deepest = depth
-                if deepest > MAX_DEPTH:
+                if deepest > bound:
                     return deepest
         else:
             depth -= 1
@@ -203,9 +211,9 @@ def _allowed_alias_ratio(decoded: int) -> float:
     return 0.99 - 0.89 * (decoded - _ALIAS_LOW) / (_ALIAS_HIGH - _ALIAS_LOW)
 
 
-def _yaml_depth_bound(body: bytes) -> int:
+def _yaml_depth_bound(body: bytes, bound: int = MAX_DEPTH) -> int:
     """An upper bound of a YAML text's nesting: indentation and sequence dashes per line plus
-    the deepest flow nesting (cheap, so the C composer is only given shallow documents)."""
+    the deepest flow nesting (cheap; exact enough to tell documents within `bound`)."""
     block = 0
     for line in body.splitlines():
         stripped = line.lstrip(b" ")
@@ -214,18 +222,38 @@ def _yaml_depth_bound(body: bytes) -> int:
             dashes += 1
             stripped = stripped[2:].lstrip(b" ")
         block = max(block, len(line) - len(line.lstrip(b" ")) + dashes + 2)
-        if block > MAX_DEPTH:
+        if block > bound:
             return block
-    return block + _json_depth(body)
+    return block + json_depth(body, bound)
 
 
-def _compose(body: bytes, bounded: bool) -> yaml.Node | None:
-    # The C composer recurses in C, so it only sees documents known to be shallow; anything else
-    # goes through the Python one, whose recursion is checked.
-    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader) if bounded else yaml.SafeLoader
+def _yaml_event_depth(body: bytes) -> int:
+    """The exact nesting of a YAML text from its parse events (the pure-Python parser keeps its
+    own stack, so this never recurses), stopping past MAX_DEPTH; 0 when it does not parse (the
+    decoder reports that in its own words)."""
+    depth = deepest = 0
+    try:
+        for event in yaml.parse(body, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                deepest = max(deepest, depth)
+                if deepest > MAX_DEPTH:
+                    break
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError):
+        return 0
+    return deepest
+
+
+def _compose(body: bytes, shallow: bool) -> yaml.Node | None:
+    # The C composer recurses in C without a limit, so it only sees shallow documents; deeper
+    # ones go through the Python composer under kubesim.deep's raised recursion limit.
+    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader) if shallow else yaml.SafeLoader
     loader = loader_class(body)
     try:
-        node: yaml.Node | None = loader.get_single_node()
+        with deep.raised(not shallow):
+            node: yaml.Node | None = loader.get_single_node()
         return node
     finally:
         loader.dispose()
@@ -235,13 +263,20 @@ def _check_yaml(body: bytes, purpose: str, kind: str) -> bool:
     def fail(reason: str) -> errors.ApiError:
         return _decode_error(purpose, kind, body, f"yaml: {reason}", yaml_text=True)
 
-    bounded = _yaml_depth_bound(body) <= MAX_DEPTH
-    if bounded and b"*" not in body:
-        return False  # shallow, and nothing can expand: no alias is written without "*"
+    # More flow levels ("[[[[...") than the limit are refused at once: PyYAML's pure-Python
+    # scanner needs about a minute for 10,000 of them. Brackets inside double quotes do not
+    # count; thousands of unbalanced ones in single-quoted or plain scalars would (a documented
+    # difference). A document that may pass the limit only with its block nesting added
+    # (indentation, `- - -`) is parsed to count exactly.
+    if json_depth(body) > MAX_DEPTH:
+        raise fail(f"exceeded max depth of {MAX_DEPTH}")
+    bound = _yaml_depth_bound(body)
+    if bound > MAX_DEPTH and _yaml_event_depth(body) > MAX_DEPTH:
+        raise fail(f"exceeded max depth of {MAX_DEPTH}")
+    if b"*" not in body:
+        return False  # within the limit, and nothing can expand: no alias is written without "*"
     try:
-        root = _compose(body, bounded)
-    except RecursionError as exc:
-        raise fail(f"exceeded max depth of {MAX_DEPTH}") from exc
+        root = _compose(body, bound <= deep.SHALLOW)
     except (yaml.YAMLError, UnicodeDecodeError, ValueError):
         return False  # malformed: the decoder reports it in its own words
     if root is None:

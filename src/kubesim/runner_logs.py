@@ -2,7 +2,8 @@
 
 The kubelet marks the context a runner runs in; records emitted there (by the runner or anything it
 calls, in the same task or tasks it starts) go to that container's stderr log. Records emitted
-elsewhere are ignored by this handler.
+elsewhere are ignored by this handler. Paths into the node's files read as on the node
+(`/var/lib/kubelet/device-plugins/...`), not as where kubesim keeps them on this machine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ class LogSink(Protocol):
     def log(self, line: str | bytes, stream: str = "stdout") -> None:
         """Write one line to the container log."""
 
+    def as_on_node(self, text: str) -> str:
+        """The text with this machine's paths into the node's files written as on the node."""
+
 
 CURRENT: contextvars.ContextVar[LogSink | None] = contextvars.ContextVar(
     "kubesim_runner", default=None
@@ -32,7 +36,9 @@ class ContainerLogHandler(logging.Handler):
         if sink is None:
             return
         try:
-            for line in self.format(record).splitlines() or [""]:
+            # Node programs log the paths they opened, which kubesim keeps in a temporary tree per
+            # node; the log shows them as on the node.
+            for line in sink.as_on_node(self.format(record)).splitlines() or [""]:
                 sink.log(line, "stderr")
         except Exception:
             self.handleError(record)

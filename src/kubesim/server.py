@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from kubesim import (
+    deep,
     errors,
     list_options,
     openapi,
@@ -24,7 +25,7 @@ from kubesim import (
     selectors,
     tables,
 )
-from kubesim.auth import REVIEW_GROUPS, Auth
+from kubesim.auth import REVIEW_GROUPS, Auth, loopback
 from kubesim.controllers import disruption
 from kubesim.faults import Faults
 from kubesim.protobuf import negotiation
@@ -96,6 +97,8 @@ class ApiServer:
         try:
             self.auth.admit(request)  # 401/403 before routing, as the real filter chain does
             response = await self._route(request)
+        except loopback.RefusedHost as exc:  # no authentication and not a loopback Host
+            return web.Response(status=403, text=f"{exc}\n", content_type="text/plain")
         except errors.ApiError as exc:
             response = self._status_response(exc)
         except web.HTTPRequestEntityTooLarge:
@@ -259,8 +262,13 @@ class ApiServer:
             and verb not in ("list", "watch", "deletecollection")
         ):
             raise errors.ApiError(404, "the server could not find the requested resource")
-        await request_limits.admit_body(request, verb, rt.kind, custom=rt.from_crd)
+        body_depth = await request_limits.admit_body(request, verb, rt.kind, custom=rt.from_crd)
         namespace = target.namespace or ""
+        # A write on a deep body or object runs under kubesim.deep's recursion limit. Past this
+        # point a write only awaits the body admit_body has already read, which returns at once.
+        deep_write = verb in ("create", "update", "patch", "delete") and (
+            body_depth > deep.SHALLOW or self._deep_target(target, namespace)
+        )
         field_warnings.check_directive(request.method, query.get("fieldValidation"))
         validation = query.get("fieldValidation") or "Warn"
         token = schema.FIELD_VALIDATION.set(validation)
@@ -269,7 +277,8 @@ class ApiServer:
         duplicated: list[str] = []
         duplicates_token = schema.DUPLICATES.set(duplicated)
         try:
-            response = await self._dispatch(request, target, verb, namespace)
+            with deep.raised(deep_write):
+                response = await self._dispatch(request, target, verb, namespace)
         finally:
             schema.FIELD_VALIDATION.reset(token)
             schema.PRUNED.reset(pruned_token)
@@ -281,6 +290,13 @@ class ApiServer:
         if warning and isinstance(response, web.Response):
             response.headers["Warning"] = warning
         return response
+
+    def _deep_target(self, target: Target, namespace: str) -> bool:
+        if target.name is None:
+            return False
+        ns = namespace if target.rt.namespaced else ""
+        stored = self.store.peek(target.rt.key, ns, target.name)
+        return stored is not None and stored.deep
 
     async def _streaming(self, request: web.Request, target: Target) -> web.StreamResponse:
         """Logs, exec, attach, port-forward, proxy and ephemeral containers (kubesim.streaming)."""
@@ -627,7 +643,20 @@ class ApiServer:
                         break
                     if bookmarks and current >= next_bookmark:
                         next_bookmark = current + self.bookmark_interval
-                        await response.write(self._bookmark(rt))
+                        # In order, as the real cacher sends them: events queued meanwhile
+                        # are older than the bookmark's resourceVersion, so they go first.
+                        lines = []
+                        while not watcher.queue.empty():
+                            more = watcher.queue.get_nowait()
+                            if more is None:
+                                watcher.closed = True
+                                break
+                            lines.append(self._event_line(rt, more, as_table, query))
+                        if not watcher.closed:
+                            lines.append(self._bookmark(rt))
+                        await response.write(b"".join(lines))
+                        if watcher.closed:
+                            break
                     continue
                 if item is None:
                     break

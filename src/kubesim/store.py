@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
+from kubesim import deep as deep_mod
 from kubesim import (
     defaults,
     errors,
@@ -135,11 +136,19 @@ def _json_copy(obj: Any) -> Any:
 class Stored:
     """One object version: the dict (never mutated after commit) and its serialised bytes."""
 
-    __slots__ = ("obj", "raw")
+    __slots__ = ("_depth", "obj", "raw")
 
     def __init__(self, obj: dict[str, Any]) -> None:
         self.obj = obj
         self.raw = dumps(obj)
+        self._depth: int | None = None
+
+    @property
+    def deep(self) -> bool:
+        """Whether the object nests deeper than kubesim.deep.SHALLOW (computed once)."""
+        if self._depth is None:
+            self._depth = request_limits.json_depth(self.raw, deep_mod.SHALLOW)
+        return self._depth > deep_mod.SHALLOW
 
     def copy(self) -> dict[str, Any]:
         """A private, mutable copy of the object."""
@@ -871,13 +880,17 @@ class Store:
         """Replace an object (or only its status); a stale resourceVersion raises Conflict."""
         rt = self.registry.for_object(obj)
         meta = obj.get("metadata") or {}
-        stored = self.replace(
-            rt,
-            _json_copy(obj),
-            namespace=meta.get("namespace", ""),
-            name=meta.get("name", ""),
-            subresource="status" if status else None,
+        old = self.peek(
+            rt.key, meta.get("namespace", "") if rt.namespaced else "", meta.get("name", "")
         )
+        with deep_mod.raised(old is not None and old.deep):
+            stored = self.replace(
+                rt,
+                _json_copy(obj),
+                namespace=meta.get("namespace", ""),
+                name=meta.get("name", ""),
+                subresource="status" if status else None,
+            )
         return stored.copy()
 
     def patch(
@@ -897,10 +910,11 @@ class Store:
         stored = self.peek(rt.key, ns, name)
         if stored is None:
             raise errors.not_found(rt.plural, rt.group, name)
-        merged = patching.merge_patch(stored.copy(), patch)
-        result = self.replace(
-            rt, merged, namespace=ns, name=name, subresource="status" if status else None
-        )
+        with deep_mod.raised(stored.deep):
+            merged = patching.merge_patch(stored.copy(), patch)
+            result = self.replace(
+                rt, merged, namespace=ns, name=name, subresource="status" if status else None
+            )
         return result.copy()
 
     def delete(

@@ -18,6 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from kubesim import private_files
+
 
 class ServingCertificate:
     """A CA and a certificate signed by it for `host` (plus localhost and 127.0.0.1)."""
@@ -89,13 +91,11 @@ class ServingCertificate:
     def server_context(self) -> ssl.SSLContext:
         """The server side: this certificate and key."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        # ssl loads certificates only from files; they live for the call only.
+        # ssl loads certificates only from files; they live for the call only, in a directory
+        # only the owner can enter, and the key file is created owner-only.
         with tempfile.TemporaryDirectory(prefix="kubesim-tls-") as tmp:
-            cert_file = Path(tmp) / "tls.crt"
-            key_file = Path(tmp) / "tls.key"
-            cert_file.write_bytes(self._cert_pem + self.ca_pem)
-            key_file.write_bytes(self._key_pem)
-            key_file.chmod(0o600)
+            cert_file = private_files.write(Path(tmp) / "tls.crt", self._cert_pem + self.ca_pem)
+            key_file = private_files.write(Path(tmp) / "tls.key", self._key_pem)
             context.load_cert_chain(cert_file, key_file)
         return context
 

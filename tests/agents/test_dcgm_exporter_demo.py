@@ -231,22 +231,25 @@ async def test_seed_validate_dcgm_metrics_step_on_the_demo_cluster(tmp_path: Pat
         generation = demo.sim.store.get("daemonsets", exporters.DCGM_EXPORTER_APP, NAMESPACE)
         await demo.kubectl("replace", "-f", "-", stdin=json.dumps(config_map("metrics.csv")))
 
-        def failed() -> bool:
+        def held_back() -> bool:
             policy = demo.sim.store.get("clusterpolicies.nvidia.com", session.POLICY_NAME) or {}
             states = (policy.get("status") or {}).get("states") or []
             return any(
-                s["name"] == "state-dcgm-exporter" and s["state"] == "failed" for s in states
-            )
+                s["name"] == "state-dcgm-exporter" and s["state"] == "notReady"
+                and "has no key dcgm-metrics.csv" in (s.get("message") or "")
+                for s in states
+            )  # fmt: skip
 
-        await demo.sim.wait_for(failed, DEADLINE, "state-dcgm-exporter failed")
+        await demo.sim.wait_for(held_back, DEADLINE, "state-dcgm-exporter held back")
         shown = await demo.kubectl(
             "get", "clusterpolicy", session.POLICY_NAME, "-o",
             "jsonpath={.status.states[?(@.name=='state-dcgm-exporter')].message}",
         )  # fmt: skip
-        assert f"ConfigMap '{CM}' in namespace '{NAMESPACE}' has no key 'dcgm-metrics.csv'" in shown
+        assert f"ConfigMap {CM} in namespace {NAMESPACE} has no key dcgm-metrics.csv" in shown
+        assert "rename key metrics.csv to dcgm-metrics.csv" in shown
         # Events about the (cluster-scoped) ClusterPolicy live in `default`, as client-go puts them.
         events = await demo.kubectl("get", "events", "-n", "default")
-        assert "StateFailed" in events
+        assert "ConfigMapKeyMissing" in events
         after = demo.sim.store.get("daemonsets", exporters.DCGM_EXPORTER_APP, NAMESPACE)
         assert generation is not None
         assert after is not None

@@ -236,3 +236,17 @@ def test_a_workload_moves_only_its_own_gpus_metrics(machine: mock.MockMachine) -
     assert util_after[0] == util_before[0]
     assert values(after, "DCGM_FI_DEV_FB_USED")[1] == 8_000
     assert values(after, "DCGM_FI_DEV_FB_USED")[0] == 0
+
+
+def test_a_gpu_that_fell_off_the_bus_reports_no_utilisation(machine: mock.MockMachine) -> None:
+    """Issue 30 item 14: after XID 79 (the demo's `demo-gpu-fault xid N 79`) NVML answers
+    GPU_IS_LOST for the GPU, so the exporter has no utilisation (nor memory, power) to report
+    for it; the other GPUs keep theirs. Before the fix the lost GPU's load was still exported."""
+    wanted = "DCGM_FI_DEV_GPU_UTIL, gauge, u\nDCGM_FI_DEV_POWER_USAGE, gauge, p\n"
+    machine.start_workload([machine.gpus[1].uuid], load=90)
+    machine.inject_xid(1, mock.XID_FALLEN_OFF_BUS)
+    text = collect(machine, wanted)
+    for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE"):
+        gpus = [s.split('"')[1] for s in samples(text, metric)]
+        assert "1" not in gpus, f"{metric} still reported for the lost GPU: {gpus}"
+    assert [s.split('"')[1] for s in samples(text, "DCGM_FI_DEV_GPU_UTIL")] == ["0", "3"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from typer.testing import CliRunner
-from waiting import DEADLINE, within
+from waiting import DEADLINE, eventually, within
 
 from gpu_operator import nvml
 from gpu_operator.agents.dcgm_exporter import collector, command, exposition, server
@@ -100,6 +100,73 @@ async def test_http_keeps_connections_alive_and_answers_head_404_405_and_bad_req
         assert (await raw(port, huge)).startswith(b"HTTP/1.1 400")
         # The server still answers after all that.
         assert (await get(base + "/health"))[0] == 200
+
+
+# The connection cap and head deadline of every endpoint of ours (docs/exporter.md, "Connections").
+CAP = 128
+HEAD_SECONDS = 10.0
+
+
+async def test_connections_over_the_cap_close_the_longest_idle_and_scrapes_still_answer() -> None:
+    machine = mock.MockMachine.from_preset("t4x4")
+    async with running(machine, collector.Settings(interval=3600)) as (_, base):
+        port = int(base.rsplit(":", 1)[1])
+        extra = 50
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            # What an idle flood leaves: kept-alive connections after one answer each.
+            for _ in range(CAP + extra):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                await within(reader.readuntil(b"\r\n\r\nOK"), "the /health answer")
+                held.append((reader, writer))
+
+            def closed() -> list[bool]:
+                return [r.at_eof() or r.exception() is not None for r, _ in held]
+
+            await eventually(
+                lambda: sum(closed()) >= extra, "the connections over the cap closed",
+                state=lambda: sum(closed()),
+            )  # fmt: skip
+            assert closed() == [True] * extra + [False] * CAP  # the oldest go first
+            status, _, body = await get(base + "/metrics")  # a scraper still gets in
+            assert status == 200
+            assert "DCGM_FI_DEV_GPU_UTIL" in body
+        finally:
+            for _, writer in held:
+                writer.close()
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [b"", b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "],
+    ids=["silent", "slowloris"],
+)
+async def test_a_connection_without_a_whole_head_in_ten_seconds_is_closed(opening: bytes) -> None:
+    machine = mock.MockMachine.from_preset("t4x4")
+    async with running(machine, collector.Settings(interval=3600)) as (_, base):
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+        writer.write(opening)
+        loop = asyncio.get_running_loop()
+        opened = loop.time()
+
+        async def trickle() -> None:  # a byte a second, for as long as the server listens
+            with contextlib.suppress(ConnectionError):
+                while opening and not reader.at_eof() and reader.exception() is None:
+                    writer.write(b"a")
+                    await writer.drain()
+                    await asyncio.sleep(1)
+
+        trickling = asyncio.create_task(trickle())
+        rest = b""
+        with contextlib.suppress(ConnectionError):
+            rest = await within(reader.read(), "the exporter to close the connection")
+        closed_after = loop.time() - opened
+        await trickling
+        writer.close()
+        assert closed_after >= HEAD_SECONDS - 0.5, "closed before its head deadline"
+        if opening:
+            assert rest.startswith(b"HTTP/1.1 408 Request Timeout"), rest
 
 
 async def test_a_changed_counters_file_is_adopted_and_a_broken_one_is_refused(

@@ -272,6 +272,64 @@ def test_mps_on_mig_devices_is_rejected() -> None:
         devices.build_resources(node_of("dgx-a100-mig-single"), cfg)
 
 
+def _time_sliced(replicas: dict[str, int], **flags: object) -> pc.PluginConfig:
+    resources = [{"name": name, "replicas": n} for name, n in replicas.items()]
+    return pc.parse({"flags": flags, "sharing": {"timeSlicing": {"resources": resources}}})
+
+
+def test_time_slicing_at_the_per_gpu_limit_advertises_every_replica() -> None:
+    cfg = _time_sliced({"nvidia.com/gpu": pc.MAX_REPLICAS})
+    resources = devices.build_resources(node_of("dgx-a100"), cfg)
+    assert names(resources) == {"nvidia.com/gpu": 8 * 1024}
+
+
+def test_a_node_past_the_device_limit_is_refused_before_any_replica_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 16 MIG devices of one profile times 1,024, plus the other 16 devices: 16,400 > 16,384.
+    def not_reached(*_args: object) -> list[devices.Device]:
+        raise AssertionError("replicas built before the node's total was checked")
+
+    monkeypatch.setattr(devices, "replicate", not_reached)
+    cfg = _time_sliced({"nvidia.com/mig-1g.5gb": 1024}, migStrategy="mixed")
+    with pytest.raises(devices.DeviceError) as err:
+        devices.build_resources(node_of("dgx-a100-mig-mixed"), cfg)
+    assert str(err.value) == (
+        "this node would advertise 16,400 devices (nvidia.com/mig-1g.5gb 16,384, "
+        "nvidia.com/mig-2g.10gb 8, nvidia.com/mig-3g.20gb 8), more than the 16,384 one node may "
+        "advertise (the kubelet reads each resource's device list as one gRPC message of at "
+        "most 4 MiB): lower the replicas in sharing.timeSlicing or sharing.mps"
+    )
+
+
+@pytest.mark.parametrize(
+    ("preset", "cfg"),
+    [
+        ("dgx-a100", pc.PluginConfig()),
+        ("dgx-a100", _time_sliced({"nvidia.com/gpu": 7})),
+        ("dgx-a100-mig-mixed", _time_sliced({"nvidia.com/mig-1g.5gb": 3}, migStrategy="mixed")),
+        ("dgx-a100-mig-single", _time_sliced({"nvidia.com/gpu": 5}, migStrategy="single")),
+        (
+            "t4x4",
+            pc.parse(
+                {
+                    "sharing": {
+                        "timeSlicing": {
+                            "renameByDefault": True,
+                            "resources": [{"name": "nvidia.com/gpu", "replicas": 2}],
+                        }
+                    }
+                }
+            ),
+        ),
+    ],
+)
+def test_the_counted_total_is_what_is_built(preset: str, cfg: pc.PluginConfig) -> None:
+    node = node_of(preset)
+    base = devices.base_devices(node, cfg.flags.mig_strategy)
+    assert devices.advertised_count(base, cfg) == names(devices.build_resources(node, cfg))
+
+
 def test_nvswitch_boards_count_links_through_shared_switches() -> None:
     node = node_of("dgx-a100")
     link = node.links[(0, 1)]

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -546,7 +548,7 @@ async def test_health_endpoint_answers_ok_once_serving(
             await kubelet.wait_registered(1)
             await within(m.state.serving.wait(), "the plugin to serve", WAIT)
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             data = await within(reader.read(), "the /health answer", WAIT)
             writer.close()
         head, _, body = data.decode().partition("\r\n\r\n")
@@ -566,6 +568,24 @@ def test_cli_rejects_a_bad_config_file_with_exit_status_2(tmp_path: Path) -> Non
     )  # fmt: skip
     assert result.exit_code == 2
     assert "deviceListStrategy" in result.output
+
+
+def test_cli_refuses_a_million_replicas_per_gpu_at_once(tmp_path: Path) -> None:
+    # The report: 8 GPUs with a million time-slicing replicas each were taken, and the plugin
+    # spent minutes and gigabytes building the list. A child process with a deadline, so that
+    # a plugin that starts serving instead fails this test rather than hanging it.
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nsharing:\n  timeSlicing:\n    replicas: 1000000\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_operator", "agent", "device-plugin", "--config-file",
+         str(config), "--backend", "mock", "--machine", "dgx-a100"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (
+        "sharing.timeSlicing.replicas: 1,000,000 replicas per GPU is more than the 1,024 "
+        "allowed" in result.stderr
+    )
 
 
 def test_cli_env_beats_the_config_file_and_flags_beat_the_env(tmp_path: Path) -> None:

@@ -92,3 +92,35 @@ def test_config_maps_without_mig_configs_are_left_to_the_other_checks() -> None:
     assert check.config_map_entries({"kind": "ConfigMap", "data": {"a": "b"}}) == []
     assert check.config_map_entries({"kind": "Secret", "data": {"a": "mig-configs: {}"}}) == []
     assert not check.is_mig_parted({"kind": "ConfigMap", "mig-configs": {}})
+
+
+def test_an_index_no_node_can_have_is_a_warning_and_the_rest_is_still_checked(
+    tmp_path: Path,
+) -> None:
+    # The MIG manager fails such a config on every node (NVIDIA's driver handles at most 32
+    # GPUs); a node's own GPU count is only known there.
+    text = (
+        "version: v1\nmig-configs:\n  far:\n"
+        '    - {devices: [0, 99, 40], mig-enabled: true, mig-devices: {"1g.5gb": 7}}\n'
+    )
+    code, out, err = validate(tmp_path, text)
+    assert (code, out) == (0, "")
+    assert err.splitlines()[0] == (
+        f"warning: {tmp_path / 'mig.yaml'}: mig-configs.far[0].devices: GPU indices 40, 99 cannot "
+        "exist (NVIDIA's driver handles at most 32 GPUs in one system): the MIG manager fails "
+        "this config on every node"
+    )
+    assert "no GPU in the catalog can apply it" not in err
+
+
+def test_entries_for_other_indices_are_checked_on_a_node_that_has_them(tmp_path: Path) -> None:
+    # A filtered entry for GPU 3 is planned on a made-up node with GPUs 0-3, so the filtered
+    # GPU's error is found, and no "does not exist" error comes from the made-up node's size.
+    code, out, err = validate(tmp_path, B300_ON_H100.replace("devices: all", "devices: [3]"))
+    assert code == 1
+    (line,) = out.splitlines()
+    assert "mig-configs.b300-balanced[0]: GPU 3 (H100-SXM5-80GB): H100-SXM5-80GB has no" in line
+    assert "does not exist" not in out + err
+    fine = "version: v1\nmig-configs:\n  two:\n"
+    fine += '    - {devices: [1, 5], mig-enabled: true, mig-devices: {"1g.5gb": 7}}\n'
+    assert validate(tmp_path, fine) == (0, "", f"{tmp_path / 'mig.yaml'}: valid MIG config\n")

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from waiting import within
 
-from gpu_operator.agents.mig_manager import command
+from gpu_operator import nvml
+from gpu_operator.agents.mig_manager import command, readiness
 from gpu_operator.agents.mig_manager import gpus as gpus_mod
 from gpu_operator.agents.mig_manager import host as host_mod
 from gpu_operator.cli import app
@@ -135,6 +137,7 @@ def test_a_failed_reset_reports_the_tools_last_words(tmp_path: Path) -> None:
         "resetting GPU(s) 00000000:07:00.0 failed: "
         "Unable to reset GPU 00000000:07:00.0: In use by another client"
     )
+    assert info.value.code == nvml.InUse.code  # busy, which a retry may get past
     missing = host_mod.NodeHost(tmp_path, nvidia_smi="no-such-nvidia-smi")
     with pytest.raises(host_mod.HostError, match="GPU reset needs no-such-nvidia-smi"):
         missing.reset_gpus([host_mod.GpuRef(0, "00000000:07:00.0")])
@@ -145,3 +148,23 @@ def test_the_selection_is_only_persisted_where_the_hosts_service_expects_it(tmp_
     assert not host_mod.persist_selected_config(tmp_path, state_file, "all-1g.5gb")
     assert not (tmp_path / state_file.lstrip("/")).exists()
     assert not host_mod.persist_selected_config(None, state_file, "all-1g.5gb")
+
+
+async def test_the_driver_marker_is_read_without_opening_the_driver(tmp_path: Path) -> None:
+    assert readiness.DriverMarker(None).present() is None
+    assert readiness.DriverMarker(tmp_path / "absent").present() is None  # not mounted here
+    marker = readiness.DriverMarker(tmp_path)
+    assert marker.present() is None  # nothing says a driver container serves this node
+    validated = tmp_path / "driver-ready"
+    validated.write_text("IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n")
+    assert marker.present() is None  # a driver on the host: there is never a marker
+    validated.write_text('IS_HOST_DRIVER="false"\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\n')
+    assert marker.present() is False  # a driver container, not ready
+    changes = marker.changes(0.01)
+    assert await within(anext(changes), "the marker's state") is False
+    (tmp_path / ".driver-ctr-ready").write_text("")  # the driver container's startup probe
+    assert await within(anext(changes), "the marker to appear") is True
+    (tmp_path / ".driver-ctr-ready").unlink()  # its preStop hook
+    validated.unlink()  # the validator's own marker goes too when it is paused
+    assert await within(anext(changes), "the marker to go") is False  # seen before: not ready
+    await changes.aclose()

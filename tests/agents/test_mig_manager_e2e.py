@@ -232,6 +232,42 @@ mig-configs:
 """
 
 
+# mig-parted skips a `devices` index the node lacks and reports success for the rest.
+WITH_A_MISSING_GPU = (
+    MIG_CONFIG
+    + """\
+  gpu-99:
+    - devices: [0, 99]
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}
+"""
+)
+
+
+async def test_a_config_naming_a_gpu_the_node_lacks_fails_naming_it() -> None:
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "custom-mig-config", "namespace": session.NAMESPACE},
+        "data": {"config.yaml": WITH_A_MISSING_GPU},
+    }
+    policy = _policy(migManager={"enabled": True, "config": {"name": "custom-mig-config"}})
+    async with mig_fleet(policy, (configmap,)) as c:
+        before = c.layout()
+        await kubectl(c.sim, "label", "node", NODE, "nvidia.com/mig.config=gpu-99", "--overwrite")
+        await c.until(lambda: c.labels().get(keys.MIG_CONFIG_STATE) == "failed", "failed")
+        message = await _jsonpath(
+            c.sim, r".metadata.annotations.nvidia\.com/mig\.config\.state\.message"
+        )
+        assert (
+            "mig-configs.gpu-99[0].devices: GPU index 99 does not exist: this node has 8 GPUs "
+            "(indices 0-7)"
+        ) in message
+        # Nothing was applied, not even to GPU 0, and the clients keep running.
+        assert c.layout() == before
+        assert all(c.labels()[k] == "true" for k in CLIENT_LABELS)
+
+
 async def test_a_failed_change_keeps_the_previous_layout_and_says_why() -> None:
     configmap = {
         "apiVersion": "v1",

@@ -372,3 +372,39 @@ def test_summaries_group_gpus_with_the_same_change() -> None:
         "GPUs 0-3, 6 (A100-SXM4-40GB): MIG off -> MIG on, 1g.5gb x7 (mode change: GPU reset); "
         "GPU 4 (A100-SXM4-40GB): MIG on, 1g.5gb x7, unchanged"
     )
+
+
+def _entries(text: str) -> tuple[cfg.Entry, ...]:
+    return cfg.loads("version: v1\nmig-configs:\n  c:\n" + text).select("c")
+
+
+@pytest.mark.parametrize(
+    ("devices", "gpus", "message"),
+    [
+        ("[0, 99]", range(8), "GPU index 99 does not exist: this node has 8 GPUs (indices 0-7)"),
+        ("[8]", range(8), "GPU index 8 does not exist: this node has 8 GPUs (indices 0-7)"),
+        ("[9, 2, 12]", range(2), "GPU indices 2, 9, 12 do not exist: this node has 2 GPUs"),
+        ("[0]", range(0), "GPU index 0 does not exist: this node has no GPUs"),
+        ("[1]", (0, 2, 3), "GPU index 1 does not exist: this node has 3 GPUs (indices 0, 2-3)"),
+    ],
+)
+def test_an_index_the_node_lacks_fails_the_plan_naming_it_and_the_gpu_count(
+    devices: str, gpus: Iterable[int], message: str
+) -> None:
+    # mig-parted skips such an index and applies the rest; here nothing is applied.
+    entries = _entries(f"  - {{devices: {devices}, mig-enabled: false}}\n")
+    with pytest.raises(planner.PlanError) as err:
+        planner.plan_node("c", entries, [gpu(A100_40, i) for i in gpus])
+    assert str(err.value).startswith(f"mig-configs.c[0].devices: {message}")
+
+
+def test_an_index_the_node_lacks_fails_even_with_a_filter_that_leaves_it_out() -> None:
+    entries = _entries(
+        '  - {devices: all, mig-enabled: true, mig-devices: {"1g.5gb": 7}}\n'
+        "  - {devices: [1, 3], device-filter: 0x20B010DE, mig-enabled: false}\n"
+    )
+    nodes = [gpu(A100_40, 0), gpu(A100_40, 1)]
+    with pytest.raises(planner.PlanError, match=r"mig-configs\.c\[1\]\.devices: GPU index 3 "):
+        planner.plan_node("c", entries, nodes)
+    ok = planner.plan_node("c", entries[:1], nodes)
+    assert [p.index for p in ok.gpus] == [0, 1]

@@ -336,15 +336,24 @@ async def test_a_failed_apply_restores_the_previous_layout() -> None:
     assert node.events[-1][:2] == ("Warning", "MigConfigFailed")
 
 
-async def test_a_blocked_mode_change_rolls_back_every_gpu() -> None:
+async def test_a_blocked_mode_change_rolls_back_every_gpu_and_is_retried() -> None:
     machine = mock.MockMachine.from_preset("dgx-a100")
     machine.start_process(3, 77, used_memory_mib=512)
     node = FakeNode(labels_for("all-1g.5gb"))
-    outcome = await manager(machine, node).run("all-1g.5gb")
-    assert outcome.state == "failed"
+    mgr = manager(machine, node)
+    outcome = await mgr.run("all-1g.5gb")
+    # A GPU a process holds is busy for now (NVML: in use): retried, not given up.
+    assert (outcome.state, outcome.transient, outcome.retry_in) == ("pending", True, 5.0)
     assert "resetting GPU 3" in outcome.message
-    assert "the previous layout was restored" in outcome.message
+    assert "the previous layout was restored; retrying in 5s (1 try so far)" in outcome.message
     assert modes(machine) == [(False, False)] * 8
+    assert node.labels[DP] == "true"
+    assert [e[1] for e in node.events] == ["MigConfigRetrying"]
+    # The process ends: the next try applies the config.
+    machine.stop_process(3, 77)
+    outcome = await mgr.run("all-1g.5gb", attempt=2)
+    assert outcome.state == "success", outcome.message
+    assert layout_of(machine) == [{"1g.5gb": 7}] * 8
 
 
 async def test_with_reboot_a_blocked_mode_change_reboots_and_finishes_after_it() -> None:
@@ -364,6 +373,101 @@ async def test_with_reboot_a_blocked_mode_change_reboots_and_finishes_after_it()
     assert seen == ["pending", "rebooting", "pending", "success"]
     assert layout_of(machine) == [{"1g.5gb": 7}] * 8
     assert node.labels[DP] == "true"
+
+
+async def test_a_missing_driver_leaves_the_config_pending_and_the_next_try_applies_it() -> None:
+    machine = mock.MockMachine.from_preset("dgx-a100-mig-mixed")
+    loaded: list[str | None] = [None]
+    machine.driver_probe = lambda: loaded[0]  # the driver pod is being replaced
+    node = FakeNode(labels_for("all-1g.5gb"))
+    mgr = manager(machine, node)
+    outcome = await mgr.run("all-1g.5gb")
+    assert (outcome.state, outcome.transient, outcome.retry_in) == ("pending", True, 5.0)
+    assert outcome.message.startswith("reading the GPUs failed: Driver Not Loaded")
+    assert outcome.message.endswith("; retrying in 5s (1 try so far)")
+    assert node.states() == ["pending"]
+    assert node.annotations[proto.STATE_MESSAGE_ANNOTATION] == outcome.message
+    assert node.labels[DP] == "true"  # nothing was paused
+    assert node.events == [("Warning", "MigConfigRetrying", outcome.message)]
+    outcome = await mgr.run("all-1g.5gb", attempt=2)
+    assert (outcome.state, outcome.retry_in) == ("pending", 10.0)
+    assert len(node.events) == 1  # one Event per transient cause, not one per try
+
+    loaded[0] = "580.95.05"  # the new driver is loaded
+    outcome = await mgr.run("all-1g.5gb", attempt=3)
+    assert outcome.state == "success", outcome.message
+    assert (outcome.transient, outcome.retry_in) == (False, None)
+    assert layout_of(machine) == [{"1g.5gb": 7}] * 8
+    assert proto.STATE_MESSAGE_ANNOTATION not in node.annotations
+    assert node.events[-1][1] == "MigConfigApplied"
+
+
+@pytest.mark.parametrize(
+    ("extra", "marker", "why"),
+    [
+        (
+            {"nvidia.com/gpu.deploy.driver": "true"},
+            False,
+            "the driver container is not ready (.driver-ctr-ready is missing",
+        ),
+        (
+            {CLIENT: "paused-for-driver-upgrade"},
+            True,
+            "the driver manager paused the GPU operands: "
+            "nvidia.com/gpu.deploy.client=paused-for-driver-upgrade",
+        ),
+        (
+            {keys.UPGRADE_STATE: "pod-restart-required"},
+            True,
+            "the driver pod is being replaced",
+        ),
+    ],
+)
+async def test_the_gpus_are_not_touched_while_the_driver_restarts(
+    extra: dict[str, str], marker: bool, why: str
+) -> None:
+    machine = mock.MockMachine.from_preset("dgx-a100-mig-mixed")
+    machine.fail_next("init", nvml.Unknown, times=None)  # NVML must not even be opened
+    node = FakeNode(labels_for("all-1g.5gb", **extra))
+    mgr = manager(machine, node)
+    mgr.driver_marker = lambda: marker
+    outcome = await mgr.run("all-1g.5gb")
+    assert (outcome.state, outcome.retry_in) == ("pending", 5.0)
+    assert outcome.message.startswith("waiting for the NVIDIA driver: ")
+    assert why in outcome.message
+    assert node.labels[DP] == "true"
+
+
+async def test_a_driver_lost_in_the_middle_of_a_change_is_retried_not_rebooted() -> None:
+    machine = mock.MockMachine.from_preset("dgx-a100")
+    host = host_mod.MockHost(machine)
+    machine.fail_next("set_mig_mode", nvml.DriverNotLoaded, gpu=4)
+    node = FakeNode(labels_for("all-1g.5gb"))
+    outcome = await manager(machine, node, host=host, with_reboot=True).run("all-1g.5gb")
+    assert (outcome.state, outcome.transient) == ("pending", True)
+    assert "GPU 4: setting MIG mode on failed: " in outcome.message
+    assert host.reboots == 0  # a reboot would not bring a missing driver back
+    assert modes(machine) == [(False, False)] * 8
+    assert node.labels[DP] == "true"
+
+
+async def test_a_transient_cause_that_stays_shows_failed_while_retrying() -> None:
+    machine = mock.MockMachine.from_preset("dgx-a100")
+    machine.driver_probe = lambda: None
+    node = FakeNode(labels_for("all-1g.5gb"))
+    mgr = manager(machine, node)
+    outcome = await mgr.run("all-1g.5gb", attempt=7)  # 5 s, 10 s, ... reached the cap
+    assert (outcome.state, outcome.retry_in) == ("failed", 300.0)
+    assert outcome.message.endswith("; still retrying every 5m (7 tries so far)")
+    assert node.events == [("Warning", "MigConfigFailed", outcome.message)]
+
+
+async def test_a_permanent_failure_is_not_retried() -> None:
+    machine = mock.MockMachine.from_preset("dgx-a100")
+    node = FakeNode(labels_for("all-9g.99gb"))
+    outcome = await manager(machine, node).run("all-9g.99gb", attempt=3)
+    assert (outcome.state, outcome.transient, outcome.retry_in) == ("failed", False, None)
+    assert "retrying" not in outcome.message
 
 
 class NoReboot(host_mod.MockHost):
@@ -451,35 +555,51 @@ def test_a_simulated_reboot_ends_processes_applies_modes_and_drops_instances() -
 
 
 class Recorder:
-    """Stands in for the Reconfigurer: records what the loop asks for."""
+    """Stands in for the Reconfigurer: records what the loop asks for (and which try it is);
+    each config answers with its queued outcomes (a state, or a whole Outcome), then success."""
 
-    def __init__(self, states: dict[str, list[str]] | None = None) -> None:
+    def __init__(self, states: dict[str, list[str | reconfigure.Outcome]] | None = None) -> None:
         self.calls: list[str] = []
+        self.attempts: list[tuple[str, int]] = []
         self.states = states or {}
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def run(self, name: str) -> reconfigure.Outcome:
+    async def run(self, name: str, *, attempt: int = 1) -> reconfigure.Outcome:
         self.calls.append(name)
+        self.attempts.append((name, attempt))
         await self.gate.wait()
         queue = self.states.get(name)
-        return reconfigure.Outcome(queue.pop(0) if queue else "success")
+        answer = queue.pop(0) if queue else "success"
+        return answer if isinstance(answer, reconfigure.Outcome) else reconfigure.Outcome(answer)
 
 
 class Loop:
-    """The manager's loop over a label whose values the test sends one by one."""
+    """The manager's loop over a label whose values the test sends one by one (and, with
+    `driver`, the driver's readiness as the test reports it)."""
 
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: Recorder, *, driver: bool = False) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.driver: asyncio.Queue[bool | None] = asyncio.Queue()
         self.stop = asyncio.Event()
         self.idle = asyncio.Event()
         self.task = asyncio.create_task(
-            runner.run(rec, self._values(), stop=self.stop, on_idle=self.idle.set)  # type: ignore[arg-type]
+            runner.run(
+                rec,  # type: ignore[arg-type]
+                self._values(),
+                stop=self.stop,
+                on_idle=self.idle.set,
+                driver_ready=self._driver() if driver else None,
+            )
         )
 
     async def _values(self) -> AsyncIterator[str | None]:
         while True:
             yield await self.queue.get()
+
+    async def _driver(self) -> AsyncIterator[bool | None]:
+        while True:
+            yield await self.driver.get()
 
     def push(self, value: str | None) -> None:
         self.idle.clear()
@@ -543,6 +663,71 @@ async def test_a_simulated_reboot_runs_the_change_again() -> None:
     loop = Loop(rec)
     await loop.send("all-1g.5gb")
     assert rec.calls == ["all-1g.5gb", "all-1g.5gb"]
+    await loop.close()
+
+
+def _transient(retry_in: float) -> reconfigure.Outcome:
+    return reconfigure.Outcome("pending", "driver missing", transient=True, retry_in=retry_in)
+
+
+async def test_a_transient_outcome_is_tried_again_after_its_delay() -> None:
+    rec = Recorder({"a": [_transient(0.01), _transient(0.01), "success"]})
+    loop = Loop(rec)
+    loop.push("a")
+    await _until(lambda: len(rec.calls) == 3, rec)
+    await loop.caught_up()
+    assert rec.attempts == [("a", 1), ("a", 2), ("a", 3)]
+    await loop.close()
+
+
+async def test_a_permanent_failure_waits_for_the_label() -> None:
+    rec = Recorder({"a": ["failed"]})
+    loop = Loop(rec)
+    await loop.send("a")
+    await asyncio.sleep(0.05)
+    assert rec.calls == ["a"]
+    await loop.close()
+
+
+async def test_a_new_value_runs_at_once_even_while_a_retry_is_due() -> None:
+    rec = Recorder({"a": [_transient(3600)]})
+    loop = Loop(rec)
+    await loop.send("a")
+    await loop.send("b")
+    assert rec.attempts == [("a", 1), ("b", 1)]
+    await loop.send("a")  # a fresh start for `a`, not its second try
+    assert rec.attempts[-1] == ("a", 1)
+    await loop.close()
+
+
+async def test_the_driver_coming_back_retries_at_once_and_rechecks_a_success() -> None:
+    rec = Recorder({"a": [_transient(3600)]})
+    loop = Loop(rec, driver=True)
+    loop.driver.put_nowait(False)
+    await loop.send("a")
+    assert rec.attempts == [("a", 1)]
+    loop.idle.clear()
+    loop.driver.put_nowait(True)  # the driver container is ready again
+    await _until(lambda: len(rec.calls) == 2, rec)
+    await loop.caught_up()
+    assert rec.attempts == [("a", 1), ("a", 1)]
+    # Gone and back once more after a success: the applied config is checked again (a reload
+    # does not keep GPU instances).
+    loop.idle.clear()
+    loop.driver.put_nowait(False)
+    loop.driver.put_nowait(True)
+    await _until(lambda: len(rec.calls) == 3, rec)
+    await loop.close()
+
+
+async def test_a_driver_coming_back_asks_for_nothing_without_a_value() -> None:
+    rec = Recorder()
+    loop = Loop(rec, driver=True)
+    loop.driver.put_nowait(False)
+    await loop.send(None)
+    loop.driver.put_nowait(True)
+    await asyncio.sleep(0.05)
+    assert rec.calls == []
     await loop.close()
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 from waiting import within
 
 import kubesim
-from gpu_operator import nvml
+from gpu_operator import http_endpoint, nvml
 from gpu_operator.agents.node_status_exporter import metrics, runner
 from gpu_operator.cli import app
 from gpu_operator.kube import node_capacity, node_features
@@ -122,12 +122,18 @@ def test_pci_functions_are_counted_by_nvidias_vendor_id(tmp_path: Path) -> None:
 async def test_metrics_are_served_over_http(tmp_path: Path) -> None:
     e = exporter(tmp_path)
     await e.poll_once(slow=True)
-    async with TestClient(TestServer(e.application())) as client:
-        resp = await client.get("/metrics")
-        assert resp.status == 200
-        assert resp.headers["Content-Type"] == runner.CONTENT_TYPE
-        assert "gpu_operator_nvidia_pci_devices_total" in await resp.text()
-        assert await (await client.get("/health")).text() == "OK"
+    endpoint = await http_endpoint.start(e.routes(), "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{endpoint.port}"
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.get(base + "/metrics") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"] == runner.CONTENT_TYPE
+                assert "gpu_operator_nvidia_pci_devices_total" in await resp.text()
+            async with client.get(base + "/health") as resp:
+                assert await resp.text() == "OK"
+    finally:
+        await endpoint.aclose()
 
 
 def test_gpu_resources_sum_whole_gpus_shared_replicas_and_mig_devices() -> None:

@@ -131,6 +131,65 @@ def test_bad_config_names_the_field(data: object, message: str) -> None:
         pc.parse(data)
 
 
+def _sharing(strategy: str, replicas: int, *, shorthand: bool) -> dict[str, object]:
+    section = (
+        {"replicas": replicas}
+        if shorthand
+        else {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}
+    )
+    return {"sharing": {strategy: section}}
+
+
+@pytest.mark.parametrize("shorthand", [False, True])
+@pytest.mark.parametrize(
+    ("strategy", "replicas", "limit"),
+    [
+        ("timeSlicing", 1_000_000, "1,024"),  # the report: 8 GPUs, a million each
+        ("timeSlicing", 1_025, "1,024"),
+        ("timeSlicing", 10**30, "1,024"),
+        ("mps", 101, "100"),
+        ("mps", 1_000, "100"),
+    ],
+)
+def test_replicas_past_the_limit_are_refused_naming_it(
+    strategy: str, replicas: int, limit: str, shorthand: bool
+) -> None:
+    # Before: any count of 2 or more was taken, and the plugin built every replica.
+    with pytest.raises(pc.ConfigError) as err:
+        pc.parse(_sharing(strategy, replicas, shorthand=shorthand), "config.yaml")
+    message = str(err.value)
+    assert message.startswith(f"config.yaml: sharing.{strategy}"), message
+    assert f"{replicas:,} replicas per GPU is more than the {limit} allowed" in message
+    assert len(message) < 300
+
+
+@pytest.mark.parametrize("shorthand", [False, True])
+@pytest.mark.parametrize(("strategy", "replicas"), [("timeSlicing", 1_024), ("mps", 100)])
+def test_replicas_at_the_limit_are_taken(strategy: str, replicas: int, shorthand: bool) -> None:
+    cfg = pc.parse(_sharing(strategy, replicas, shorthand=shorthand))
+    shared = cfg.sharing.replicated()
+    assert shared is not None
+    assert shared.resources[0].replicas == replicas
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sharing:\n  timeSlicing:\n    replicas: " + "1" * 5000 + "\n",
+        '{"sharing": {"timeSlicing": {"replicas": ' + "1" * 5000 + "}}}",
+        "sharing:\n  timeSlicing:\n    replicas: .inf\n",
+        "sharing: !!map [1, 2]\n",
+    ],
+)
+def test_config_files_with_numbers_or_tags_json_cannot_hold_are_config_errors(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(pc.ConfigError, match=r"config\.yaml: not valid (YAML|JSON) at line"):
+        pc.load(path)
+
+
 def test_unknown_flags_are_ignored_for_forward_compatibility() -> None:
     cfg = pc.parse({"flags": {"someFutureFlag": True, "gfd": {"anotherOne": 1}}})
     assert cfg.flags.mig_strategy is pc.MigStrategy.NONE

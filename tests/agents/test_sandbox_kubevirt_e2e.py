@@ -101,7 +101,8 @@ async def vm_fleet() -> AsyncIterator[Cluster]:
     KubeVirt's virt-launcher (it records what the kubelet gave each pod)."""
     policy, objects = _example()
     kubelet = KubeletConfig(start_delay=0, init_container_duration=0, lease_interval=None)
-    async with kubesim.Cluster(kubelet=kubelet) as sim:
+    # The example's vGPU manager image is the user's own build, pushed to their registry.
+    async with kubesim.Cluster(kubelet=kubelet, images=["registry.example.com/nvidia/*"]) as sim:
         cluster = Cluster(sim)
 
         async def virt_launcher(ctx: PodContext) -> int:

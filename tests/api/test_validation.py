@@ -178,8 +178,10 @@ def test_unknown_fields_are_warnings_with_a_suggestion() -> None:
     doc["spec"]["devicePlugn"] = {}
     found = warnings(doc)
     assert (
-        "spec.daemonsets.priorityClasName: unknown field, the API server will drop it "
-        '(did you mean "priorityClassName"?)' in found
+        'spec.daemonsets.priorityClasName: unknown field (did you mean "priorityClassName"?): '
+        "kubectl rejects the object (strict field validation, its default); with kubectl "
+        "--validate=false, or a client that does not ask for strict validation, the API server "
+        "drops the field" in found
     )
     assert any(w.startswith("spec.devicePlugn:") and '"devicePlugin"' in w for w in found)
     assert check_document(doc).ok

@@ -8,6 +8,7 @@ Slow (about 10-20 s each on a quiet machine): every test installs the chart with
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.console import Console
 
 import kubesim
 from gpu_operator.api import keys
+from gpu_operator.controller import nodelabels
 from gpu_operator.demo import fleet, helm_session, install, nfd, programs, session
 from gpu_operator.kube import node_features
 from gpu_operator.nodes import ledger
@@ -252,4 +254,41 @@ async def test_the_swap_commands_hand_the_operands_from_one_release_to_the_next_
         await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=60, message="ready")
         assert (sim.store.get(CP, "cluster-policy") or {})["metadata"]["uid"] == policy_uid
         assert before <= operand_pods()
+        assert not sim.auth.denials, list(sim.auth.denials)
+
+
+async def test_a_reinstall_right_after_uninstall_converges_as_fast_as_the_first_install() -> None:
+    """Issue 30 item 1: after `helm uninstall` the kubelets keep the GPUs our device plugin
+    advertised (capacity, nothing allocatable) for their 5-minute grace period, while the labels
+    and the ledger are gone. A reinstall must not take that for another device plugin (a
+    `CoexistenceConflict` on every GPU node, the driver held off until the capacity went, then a
+    false `PreinstalledDriver`): it converges about as fast as the first install."""
+    async with chart_cluster() as sim:
+        helm = install.Helm(sim.kubeconfig_path, binary=HELM)
+        started = time.monotonic()
+        code, out = await helm.install(CHART, wait="3m")
+        assert code == 0, out
+        await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=60, message="ready")
+        first = time.monotonic() - started
+
+        code, out = await helm.run("uninstall", "gpu-operator")  # as the admin ran it
+        assert code == 0, out
+        started = time.monotonic()
+        code, out = await helm.install(CHART, wait="5m")
+        assert code == 0, out
+        # Generous: the old detector held the driver off until the capacity went (~300 s).
+        await sim.wait_for(lambda: policy_state(sim) == "ready", timeout=600, message="ready")
+        second = time.monotonic() - started
+        assert second < max(4 * first, first + 90), (first, second)
+
+        for node in GPU_NODES:
+            assert labels(sim, node)[keys.DEPLOY_DRIVER] == "true"
+            assert labels(sim, node)[keys.DEPLOY_PREFIX + "device-plugin"] == "true"
+        reasons = (nodelabels.COEXIST_REASON, nodelabels.PREINSTALLED_REASON)
+        events = [
+            f"{e.get('reason')}: {e.get('message')}"
+            for e in sim.store.list("events")
+            if e.get("reason") in reasons
+        ]
+        assert not events, events
         assert not sim.auth.denials, list(sim.auth.denials)

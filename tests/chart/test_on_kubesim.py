@@ -244,7 +244,12 @@ async def test_the_operator_never_hits_a_403_under_the_charts_rbac(
         keys.NFD_OS_VERSION_ID: "22.04",
         keys.NFD_KERNEL_FULL: "6.8.0-52-generic",
     }
-    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True), authorization="rbac") as sim:
+    # The air-gapped values (ci/custom-registry-values.yaml) pull from a private mirror: the
+    # simulated one holds the images, as the user's would.
+    mirror = ["registry.example.com/*"]
+    async with kubesim.Cluster(
+        kubelet=KubeletConfig(instant=True), authorization="rbac", images=mirror
+    ) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for doc in sorted(docs, key=lambda d: d["kind"] != "CustomResourceDefinition"):
             if doc["kind"] != "Deployment":

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from kubesim_helpers import TEST_IMAGES
 from operator_harness import CPU_LABELS, NAMESPACE, Env, gpu_node
 
 import kubesim
@@ -23,7 +24,9 @@ async def cluster(
 ) -> AsyncIterator[kubesim.Cluster]:
     # Without helm the chart cannot be rendered: the suite then runs with everything allowed.
     mode = "rbac" if chart_rbac is not None else "open"
-    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True), authorization=mode) as sim:
+    async with kubesim.Cluster(
+        kubelet=KubeletConfig(instant=True), authorization=mode, images=TEST_IMAGES
+    ) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)

@@ -1,5 +1,6 @@
-"""The operator checks the exporter's counters ConfigMap: a missing key, a bad line or an unknown
-field is reported in the ClusterPolicy status and an Event, and the running exporter is kept."""
+"""The operator checks the exporter's counters ConfigMap: a missing key (as every ConfigMap a
+policy names, validate_refs.py), a bad line or an unknown field is reported in the ClusterPolicy
+status and an Event, and the running exporter is kept."""
 
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ def exporter_state(env: Env) -> dict[str, Any]:
     return next((s for s in states if s["name"] == "state-dcgm-exporter"), {})
 
 
-def failure_events(env: Env) -> list[str]:
+def failure_events(env: Env, reason: str = "StateFailed") -> list[str]:
     events = env.sim.store.list("events", namespace="default")  # the policy is cluster-scoped
     return [
         e["message"]
         for e in events
-        if e["reason"] == "StateFailed" and e["involvedObject"]["kind"] == "ClusterPolicy"
+        if e["reason"] == reason and e["involvedObject"]["kind"] == "ClusterPolicy"
     ]
 
 
@@ -50,16 +51,21 @@ async def test_a_misnamed_key_then_a_bad_line_are_reported_and_the_exporter_is_k
         policy(dcgmExporter={"config": {"name": CM}}, devicePlugin={"enabled": False})
     )
     env.start_operator()
-    await env.wait(lambda: exporter_state(env).get("state") == "failed", "exporter state failed")
+    # The exporter waits for the key it reads, with the fix.
+    await env.wait(lambda: exporter_state(env).get("state") == "notReady", "the exporter waiting")
     status = env.policy()["status"]
     assert status["state"] == "notReady"
     message = exporter_state(env)["message"]
-    assert f"ConfigMap '{CM}' in namespace '{NAMESPACE}' has no key 'dcgm-metrics.csv'" in message
-    assert "(its keys: metrics.csv)" in message
+    assert message == (
+        f"spec.dcgmExporter.config.name: ConfigMap {CM} in namespace {NAMESPACE} has no key "
+        "dcgm-metrics.csv (its keys: metrics.csv): the DCGM exporter reads key dcgm-metrics.csv "
+        "only: rename key metrics.csv to dcgm-metrics.csv"
+    )
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-    assert "failed to reconcile state-dcgm-exporter" in ready["message"]
-    await env.wait(lambda: len(failure_events(env)) == 1, "one StateFailed event")
-    assert "has no key 'dcgm-metrics.csv'" in failure_events(env)[0]
+    assert message in ready["message"]
+    missing = "ConfigMapKeyMissing"
+    await env.wait(lambda: len(failure_events(env, missing)) == 1, "one ConfigMapKeyMissing")
+    assert failure_events(env, missing) == [message]
     assert EXPORTER_DS not in env.daemonsets()
 
     # The user renames the key: the exporter is deployed, reading exactly that key.
@@ -85,9 +91,9 @@ async def test_a_misnamed_key_then_a_bad_line_are_reported_and_the_exporter_is_k
     )
     await env.wait(lambda: exporter_state(env).get("state") == "failed", "exporter failed again")
     message = exporter_state(env)["message"]
-    assert "key 'dcgm-metrics.csv': line 6: unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE'" in (
+    assert "key dcgm-metrics.csv: line 6: unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE'" in (
         message
     )
-    await env.wait(lambda: len(failure_events(env)) == 2, "a second StateFailed event")
+    await env.wait(lambda: len(failure_events(env)) == 1, "a StateFailed event")
     assert any("line 6" in m for m in failure_events(env))
     assert env.daemonsets()[EXPORTER_DS]["metadata"]["generation"] == generation

@@ -46,9 +46,11 @@ async def test_probes_bound_to_one_ip_are_not_served_on_others() -> None:
     with socket.socket() as probe:  # a free port on the loopback network
         probe.bind(("127.0.0.2", 0))
         port = probe.getsockname()[1]
-    runner = await endpoints.serve(endpoints.health_app(lambda: True), f"[127.0.0.2]:{port}")
+    listener = await endpoints.serve(
+        endpoints.health_routes(lambda: True), f"[127.0.0.2]:{port}", "health endpoint"
+    )
     try:
         assert await _connects("127.0.0.2", port)
         assert not await _connects("127.0.0.1", port)
     finally:
-        await runner.cleanup()
+        await listener.aclose()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubesim_helpers import kubectl, needs_kubectl
+from kubesim_helpers import TEST_IMAGES, kubectl, needs_kubectl
 from operator_harness import NAMESPACE, OPERATOR_ENV, Env
 
 import kubesim
@@ -557,7 +557,9 @@ async def reference_env(chart_rbac: Callable[..., Path] | None) -> AsyncIterator
     """A cluster with the reference's nodes (labels and annotations as NVIDIA's operator left
     them), our CRDs, and the chart's RBAC for our operator."""
     mode = "rbac" if chart_rbac is not None else "open"
-    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True), authorization=mode) as sim:
+    async with kubesim.Cluster(
+        kubelet=KubeletConfig(instant=True), authorization=mode, images=TEST_IMAGES
+    ) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)

@@ -106,7 +106,7 @@ def gpu_workload(env: Env, name: str, node_name: str, app: str) -> None:
                         "containers": [
                             {
                                 "name": "main",
-                                "image": "cuda:13",
+                                "image": "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04",
                                 "resources": {"limits": {"nvidia.com/gpu": "1"}},
                             }
                         ],

@@ -6,6 +6,7 @@ preinstalled driver) is named first and exits 1."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import io
 import json
 import sys
@@ -229,6 +230,8 @@ async def test_must_gather_archives_what_the_docs_list_and_never_a_secret(tmp_pa
         )
         assert code == 0, out
         assert f"wrote {target}" in out
+        # The demo holds no credential: the operator's own objects and logs are not taken for one.
+        assert ", 0 value(s) redacted" in out, out
         with tarfile.open(target, "r:gz") as tar:
             contents = {m.name.removeprefix("must-gather/"): m for m in tar.getmembers()}
             for path in DOCUMENTED:
@@ -246,3 +249,78 @@ async def test_must_gather_archives_what_the_docs_list_and_never_a_secret(tmp_pa
         assert "eyJ" not in text  # no service account token
         manifest = text  # the manifest lists the limits it ran under
         assert "2000 lines and 262144 bytes per log" in manifest
+
+
+CUDA = "nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04"
+STALE_MIG = "label says nvidia.com/mig.config=all-1g.5gb but the MIG manager is disabled"
+
+
+async def test_explain_flags_stale_mig_and_workload_labels_and_agrees_with_the_ready_policy(
+    tmp_path: Path,
+) -> None:
+    # The MIG manager disabled, an A100 node still labelled with a MIG config (and the state a
+    # MIG manager once wrote) although its GPUs are whole; sandbox workloads off, a T4 node
+    # labelled for VM passthrough that serves its GPUs to pods.
+    policy = copy.deepcopy(session.DEFAULT_POLICY)
+    policy["spec"]["migManager"] = {"enabled": False}
+    stale = {"nvidia.com/mig.config": "all-1g.5gb", "nvidia.com/mig.config.state": "success"}
+    pools = [
+        {"name": "a100", "machine": "dgx-a100", "labels": stale},
+        {"name": "vm", "machine": "t4x4", "workload": "vm-passthrough"},
+    ]
+    async with served(pools, tmp_path, policy=policy) as demo:
+        # What kubectl shows: a ready policy, the stale label, eight whole GPUs allocatable.
+        status = json.loads(await demo.kubectl("get", "clusterpolicy", session.POLICY_NAME,
+                                               "-o", "jsonpath={.status}"))  # fmt: skip
+        assert status["state"] == "ready", status
+        node = json.loads(await demo.kubectl("get", "node", "a100-1", "-o", "json"))
+        assert node["metadata"]["labels"]["nvidia.com/mig.config"] == "all-1g.5gb"
+        allocatable = node["status"]["allocatable"]
+        assert allocatable["nvidia.com/gpu"] == "8", allocatable
+        assert not [k for k in allocatable if k.startswith("nvidia.com/mig-")], allocatable
+
+        code, verdict = await demo.explain("a100-1")
+        assert code == 0, json.dumps(verdict, indent=1)
+        assert verdict["usable"] is True
+        mig = next(link for link in verdict["links"] if link["id"] == "mig")
+        assert mig["summary"].startswith(STALE_MIG), mig
+        assert mig["status"] == "warning"
+        assert verdict["warnings"] == ["mig"], json.dumps(verdict, indent=1)
+        assert mig["summary"].endswith(
+            "and the GPUs show no MIG devices (whole GPUs, no MIG devices): the label is stale"
+        )
+        assert "applied" not in mig["summary"]
+        assert {"kind": "resource", "ref": "allocatable", "text": "nvidia.com/gpu: 8"} in (
+            mig["evidence"]
+        )
+        assert "kubectl label node a100-1 nvidia.com/mig.config-" in mig["fix"]
+        code, text = await demo.run(
+            *CLI, "explain", "node", "a100-1", "--kubeconfig", str(demo.kubeconfig)
+        )
+        assert code == 0, text
+        assert "node a100-1: usable, 1 warning" in text, text
+        assert "! MIG: label says nvidia.com/mig.config=all-1g.5gb but" in text, text
+
+        # The VM label has no effect: the node serves pods (one holds two of its GPUs).
+        pod = tmp_path / "two.json"
+        pod.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two-gpus"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": "vm-1"},
+                     "containers": [{"name": "work", "image": CUDA,
+                                     "command": ["sleep", "infinity"],
+                                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+        }))  # fmt: skip
+        await demo.kubectl("create", "-f", str(pod))
+        await demo.kubectl(
+            "wait", "pod/two-gpus", "--for=condition=Ready", f"--timeout={DEADLINE:g}s"
+        )
+        code, verdict = await demo.explain("vm-1")
+        assert code == 0, json.dumps(verdict, indent=1)
+        assert verdict["warnings"] == ["deploy-labels"], json.dumps(verdict, indent=1)
+        links = {link["id"]: link for link in verdict["links"]}
+        assert links["deploy-labels"]["summary"] == (
+            "label says nvidia.com/gpu.workload.config=vm-passthrough but "
+            "sandboxWorkloads.enabled=false: the label has no effect and the node is a container "
+            "node (allocatable nvidia.com/gpu: 4, 2 in use by 1 pod(s))"
+        )
+        assert links["allocatable"]["summary"] == "4 GPU(s) allocatable, 2 in use by 1 pod(s)"

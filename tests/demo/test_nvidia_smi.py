@@ -1,16 +1,22 @@
 """nvidia-smi in the demo's GPU containers: the pure formatting, which devices a container sees,
-and the program's answers (list, no devices, lost GPU, reset); plus the demo's fault injector and
-simulated signals."""
+and the program's answers (list, query report, -i, topology, no devices, lost GPU, reset); plus
+the demo's fault injector and simulated signals, and the runbook queries through the real kubectl
+on the served demo."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+from demo_served import run_kubectl, serve_demo
+from kubesim_helpers import needs_kubectl
+from waiting import DEADLINE
 
-from gpu_operator.demo import gpu_faults, nvidia_smi
+from gpu_operator.demo import fleet, gpu_faults, nvidia_smi, session
 from gpu_operator.demo.processes import ProcessTable
 from gpu_operator.nvml import catalog, mock
 
@@ -347,3 +353,347 @@ def test_the_program_runs_on_a_preset_from_the_command_line(
     assert nvidia_smi.main(["--machine", "t4x4", "-r", "-i", "0"]) == 4  # resets are refused
     assert nvidia_smi.main(["--machine", "no-such-box", "-L"]) == 2
     assert "no-such-box" in capsys.readouterr().err
+
+
+# ----- -q / -d, -i, topo -m: the pure formats -----------------------------------------------
+
+
+def _report(*sections: tuple[str, nvidia_smi.Section]) -> nvidia_smi.Report:
+    gpu = nvidia_smi.ReportGpu("00000000:07:00.0", dict(sections))
+    return nvidia_smi.Report("Sun Nov  1 09:05:03 2026", "550.54.15", "12.4", 8, (gpu,))
+
+
+def test_the_query_report_aligns_values_at_column_42_under_the_nvsmi_log_header() -> None:
+    E = nvidia_smi.Entry
+    memory = ("MEMORY", (E(1, "FB Memory Usage"), E(2, "Total", "40960 MiB")))
+    long_key = ("TEMPERATURE", (E(2, "Memory Max Operating T.Limit Temp", "0 C"),))
+    text = nvidia_smi.format_report(_report(memory, long_key))
+    assert text.splitlines() == [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        "Timestamp                                 : Sun Nov  1 09:05:03 2026",
+        "Driver Version                            : 550.54.15",
+        "CUDA Version                              : 12.4",
+        "",
+        "Attached GPUs                             : 8",
+        "GPU 00000000:07:00.0",
+        "    FB Memory Usage",
+        "        Total                             : 40960 MiB",
+        "        Memory Max Operating T.Limit Temp : 0 C",
+        "",
+    ]
+
+
+def test_display_types_pick_sections_in_the_reports_own_order() -> None:
+    E = nvidia_smi.Entry
+    report = _report(
+        ("identity", (E(1, "Product Name", "NVIDIA A100-SXM4-40GB"),)),
+        ("MEMORY", (E(1, "FB Memory Usage"),)),
+        ("PIDS", (E(1, "Processes", "None"),)),
+        ("TEMPERATURE", (E(1, "Temperature"),)),
+    )
+    picked = nvidia_smi.format_report(report, ("PIDS", "MEMORY")).splitlines()[9:-1]
+    assert picked == ["    FB Memory Usage", "    Processes                             : None"]
+    full = nvidia_smi.format_report(report)
+    assert full.index("Product Name") < full.index("FB Memory") < full.index("Temperature")
+    assert full.index("Temperature") < full.index("Processes")
+
+
+def test_the_topology_matrix_is_tab_separated_with_affinities_and_legends() -> None:
+    topo = nvidia_smi.Topology(
+        rows=("GPU0", "GPU1", "NIC0"),
+        cells=(("X", "NV18", "PIX"), ("NV18", "X", "NODE"), ("PIX", "NODE", "X")),
+        cpu_affinity=("0-55,112-167", "0-55,112-167"),
+        numa_affinity=("0", "0"),
+        nic_names=("mlx5_0",),
+    )
+    lines = nvidia_smi.format_topology(topo).splitlines()
+    assert lines[:4] == [
+        "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID",
+        "GPU0\t X \tNV18\tPIX\t0-55,112-167\t0\t\tN/A",
+        "GPU1\tNV18\t X \tNODE\t0-55,112-167\t0\t\tN/A",
+        "NIC0\tPIX\tNODE\t X \t\t\t\t",
+    ]
+    assert lines[4:7] == ["", "Legend:", ""]
+    assert "  NV#  = Connection traversing a bonded set of # NVLinks" in lines
+    assert lines[-3:] == ["NIC Legend:", "", "  NIC0: mlx5_0"]
+    assert nvidia_smi.ranges([5, 0, 1, 2, 7, 6, 9]) == "0-2,5-7,9"
+
+
+def test_timestamps_pad_the_day_with_a_space_as_nvidia_smi_does() -> None:
+    assert nvidia_smi.timestamp(dt.datetime(2026, 11, 1, 9, 5, 3)) == "Sun Nov  1 09:05:03 2026"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-q", "-i", "0,GPU-x", "-d", "memory,PIDS"],
+         nvidia_smi.Invocation("query", ids=("0", "GPU-x"), sections=("MEMORY", "PIDS"))),
+        (["--query", "--id=1", "--display=ECC"],
+         nvidia_smi.Invocation("query", ids=("1",), sections=("ECC",))),
+        (["-i", "0"], nvidia_smi.Invocation("table", ids=("0",))),
+        (["topo", "-m"], nvidia_smi.Invocation("topo")),
+        (["topo", "--matrix"], nvidia_smi.Invocation("topo")),
+        (["mig", "-i", "1", "-lgi"],
+         nvidia_smi.Invocation("mig", ids=("1",), mig="gpu-instances")),
+    ],
+)  # fmt: skip
+def test_command_lines_parse_as_nvidia_smi_reads_them(
+    args: list[str], expected: nvidia_smi.Invocation
+) -> None:
+    assert nvidia_smi.parse_args(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-d", "MEMORY"], "Invalid combination of input arguments"),
+        (["-L", "-i", "0"], "Invalid combination of input arguments"),
+        (["-q", "--query-gpu=index", "--format=csv"], "Invalid combination of input arguments"),
+        (["-q", "-i"], "ERROR: Option -i requires a value."),
+        (["--frobnicate"], "ERROR: Option --frobnicate is not recognized."),
+        (["-q", "-d", "FOO"], '"FOO" is not a valid display type for -d (one of: MEMORY,'),
+        (["-q", "-d", "VOLTAGE"], "-d VOLTAGE is not simulated; the mock GPUs report CLOCK,"),
+        (["topo", "-p2p", "r"], "only -m (--matrix) is simulated; '-p2p' is not"),
+        (["mig", "-cgi", "9"], "MIG changes go through the MIG manager"),
+    ],
+)
+def test_what_nvidia_smi_refuses_exits_2_with_its_reason(args: list[str], message: str) -> None:
+    _, lib = _lib("t4x4")
+    code, text = nvidia_smi.run(lib, ALL, args, NOW)
+    assert code == 2
+    assert message in text
+
+
+# ----- -q / -d, -i, topo -m on the mock GPUs ------------------------------------------------
+
+
+def _value(text: str, key: str) -> list[str]:
+    lines = text.splitlines()
+    return [line.split(" : ", 1)[1] for line in lines if line.strip().startswith(f"{key} ")]
+
+
+def test_q_d_memory_reports_each_gpus_framebuffer_from_nvml() -> None:
+    machine, lib = _lib("dgx-h100")
+    machine.start_process(1, 4242, used_memory_mib=1024)
+    code, text = nvidia_smi.run(lib, ALL, ["-q", "-d", "MEMORY"], NOW)
+    assert code == 0
+    assert _value(text, "Attached GPUs") == ["8"]
+    assert text.count("    FB Memory Usage\n") == 8
+    assert _value(text, "Total") == ["81559 MiB"] * 8
+    assert _value(text, "Used")[:2] == ["0 MiB", "1024 MiB"]
+    reserved = int(_value(text, "Reserved")[1].split()[0])
+    assert int(_value(text, "Free")[1].split()[0]) == 81559 - reserved - 1024
+    assert "Product Name" not in text
+    assert "Utilization" not in text
+
+
+def test_the_full_report_has_identity_utilisation_power_and_processes() -> None:
+    machine, lib = _lib("t4x4")
+    machine.start_process(2, 4242, used_memory_mib=512, load=80)
+    code, text = nvidia_smi.run(lib, ALL, ["-q", "-i", "2"], NOW)
+    assert code == 0
+    assert text.count("\nGPU 0000") == 1
+    assert _value(text, "Product Name") == ["Tesla T4"]
+    assert _value(text, "GPU UUID") == [machine.gpus[2].uuid]
+    assert _value(text, "Bus Id") == [machine.gpus[2].bus_id]
+    assert int(_value(text, "Gpu")[0].rstrip(" %")) > 50
+    assert _value(text, "Current Power Limit") == ["70.00 W"]
+    assert _value(text, "Process ID") == ["4242"]
+    assert _value(text, "Used GPU Memory") == ["512 MiB"]
+    assert _value(text, "Remapped Rows") == ["N/A"]  # GDDR6: no row remapper
+    assert "\n    GPU Reset Status\n" in text  # R550: no recovery-action field to show
+    assert _value(text, "Reset Required") == ["N/A"]
+
+
+def test_a_mig_gpu_reports_its_mig_devices_and_no_utilisation() -> None:
+    _, lib = _lib("dgx-a100-mig-mixed")
+    code, text = nvidia_smi.run(lib, nvidia_smi.Visible(ids=("1:2",)), ["-q"], NOW)
+    assert code == 0
+    assert _value(text, "Attached GPUs") == ["1"]
+    assert text.count("        MIG Device\n") == 1  # only the container's MIG device
+    assert _value(text, "Multiprocessor count") == ["14"]
+    assert _value(text, "Gpu") == ["N/A"]
+
+
+def test_recovery_action_shows_on_drivers_that_have_it() -> None:
+    machine = mock.MockMachine.from_preset("t4x4", seed=1, driver="570.195.03")
+    lib = machine.nvml()
+    machine.inject_xid(1, 48)
+    code, text = nvidia_smi.run(lib, ALL, ["-q", "-d", "RESET_STATUS"], NOW)
+    assert code == 0
+    assert _value(text, "GPU Recovery Action") == ["None", "Reset", "None", "None"]
+
+
+def test_i_picks_gpus_by_index_uuid_or_pci_bus_id() -> None:
+    machine, lib = _lib("dgx-a100")
+    fields = ["--query-gpu=index,uuid,count", "--format=csv,noheader"]
+    by_uuid = machine.gpus[5].uuid
+    by_bus = machine.gpus[2].bus_id.replace("00000000:", "0000:").lower()
+    code, text = nvidia_smi.run(lib, ALL, ["-i", f"{by_uuid},{by_bus},7", *fields], NOW)
+    assert code == 0
+    assert [row.split(", ")[0] for row in text.splitlines()] == ["2", "5", "7"]
+    assert text.splitlines()[1] == f"5, {by_uuid}, 8"
+    # In a container the GPUs are numbered from 0, and -i uses that numbering.
+    mine = nvidia_smi.Visible(ids=(machine.gpus[6].uuid, machine.gpus[3].uuid))
+    code, text = nvidia_smi.run(lib, mine, ["-i", "1", *fields], NOW)
+    assert text == f"1, {machine.gpus[6].uuid}, 2\n"
+    code, table = nvidia_smi.run(lib, mine, ["-i", "1"], NOW)
+    assert code == 0
+    assert machine.gpus[6].bus_id in table
+    assert machine.gpus[3].bus_id not in table
+
+
+def test_i_naming_no_gpu_of_the_container_finds_no_devices() -> None:
+    machine, lib = _lib("dgx-a100")
+    mine = nvidia_smi.Visible(ids=(machine.gpus[0].uuid,))
+    for args in (["-i", "1"], ["-q", "-i", machine.gpus[1].uuid], ["-i", "nonsense", "-q"],
+                 ["-i", "0,3", "--query-gpu=index", "--format=csv"]):  # fmt: skip
+        assert nvidia_smi.run(lib, mine, args, NOW) == (6, "No devices were found\n"), args
+
+
+def test_topo_m_shows_nvlinks_pcie_paths_nics_and_affinities() -> None:
+    machine, lib = _lib("dgx-a100")
+    code, text = nvidia_smi.run(lib, ALL, ["topo", "-m"], NOW, host=machine)
+    assert code == 0
+    rows = [line.split("\t") for line in text.splitlines()[:17]]
+    assert rows[0][1:] == [f"GPU{i}" for i in range(8)] + [f"NIC{k}" for k in range(8)] + [
+        "CPU Affinity", "NUMA Affinity", "GPU NUMA ID",
+    ]  # fmt: skip
+    gpu0, gpu5, nic0 = rows[1], rows[6], rows[9]
+    assert gpu0[1:9] == [" X "] + ["NV12"] * 7  # every pair meets at the six NVSwitches
+    assert gpu0[9:17] == ["PIX", "PIX", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"]
+    assert gpu0[17:] == ["0-63,128-191", "0", "", "N/A"]
+    assert gpu5[17:19] == ["64-127,192-255", "1"]
+    assert nic0[1:3] == ["PIX", "PIX"]
+    assert nic0[9] == " X "
+    assert "  NIC7: mlx5_7" in text
+
+
+def test_topo_m_without_nvlink_shows_the_pcie_levels_of_the_containers_gpus() -> None:
+    machine, lib = _lib("l4x8")
+    mine = nvidia_smi.Visible(ids=("0", "1", "4"))
+    code, text = nvidia_smi.run(lib, mine, ["topo", "-m"], NOW, host=machine)
+    assert code == 0
+    rows = [line.split("\t") for line in text.splitlines()[:4]]
+    assert rows[0][1:4] == ["GPU0", "GPU1", "GPU2"]
+    assert rows[1][1:4] == [" X ", "PIX", "SYS"]
+    assert rows[3][1:6] == ["SYS", "SYS", " X ", "32-63,96-127", "1"]
+    assert "NIC Legend" not in text
+
+
+def test_xid_79_from_the_fault_injector_loses_the_gpu_for_nvidia_smi() -> None:
+    """Issue 30 item 14: `demo-gpu-fault xid N 79` is the GPU falling off the bus. Before the
+    fix the GPU kept answering, so `--query-gpu=utilization.gpu` still reported its load."""
+    machine, lib = _lib("t4x4")
+    machine.start_process(1, 4242, used_memory_mib=512, load=90)
+    code, text = gpu_faults.run(machine, ["xid", "1", "79"])
+    assert (code, text) == (0, "XID 79 raised on GPU 1: it has fallen off the bus\n")
+    query = ["--query-gpu=index,utilization.gpu", "--format=csv,noheader"]
+    code, text = nvidia_smi.run(lib, ALL, query, NOW)
+    assert code == 15
+    assert "GPU is lost" in text
+    assert "%" not in text
+    assert nvidia_smi.run(lib, ALL, ["-q", "-d", "UTILIZATION", "-i", "1"], NOW)[0] == 15
+    # The GPUs that still answer are reported when asked for.
+    assert nvidia_smi.run(lib, ALL, ["-i", "0", *query], NOW)[0] == 0
+    machine.stop_process(1, 4242)
+    machine.reset(1)
+    assert nvidia_smi.run(lib, ALL, ["-i", "1", *query], NOW)[0] == 0
+
+
+def test_a_container_given_a_lost_gpu_by_uuid_says_it_is_lost() -> None:
+    """The runtime gave the container the GPU by UUID; once it fell off the bus nvidia-smi
+    fails on it (exit 15) rather than saying there are no devices (as it did before)."""
+    machine, lib = _lib("t4x4")
+    mine = nvidia_smi.Visible(ids=(machine.gpus[2].uuid,))
+    machine.fall_off_bus(2)
+    for args in ([], ["-q"], ["topo", "-m"], ["--query-gpu=index", "--format=csv"]):
+        code, text = nvidia_smi.run(lib, mine, args, NOW, host=machine)
+        assert code == 15, (args, text)
+        assert text.startswith("Unable to determine the device handle for GPU 0: GPU is lost.")
+
+
+def test_the_program_answers_topo_and_q_on_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nvidia_smi.main(["--machine", "dgx-h100", "topo", "-m"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("GPU0\t X \tNV18\t")
+    assert "  NIC0: mlx5_0" in out
+    assert nvidia_smi.main(["--machine", "t4x4", "-q", "-d", "TEMPERATURE", "-i", "3"]) == 0
+    assert capsys.readouterr().out.count("GPU Current Temp") == 1
+
+
+# ----- the served demo, with the real kubectl ------------------------------------------------
+
+TWO_GPUS = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "two-gpus"},
+    "spec": {
+        "containers": [
+            {
+                "name": "work",
+                "image": "nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04",
+                "command": ["sleep", "infinity"],
+                "resources": {"limits": {"nvidia.com/gpu": "2"}},
+            }
+        ]
+    },
+}
+
+
+@needs_kubectl
+async def test_kubectl_exec_runs_the_runbook_queries_in_a_gpu_pod(tmp_path: Path) -> None:
+    """`kubectl exec POD -- nvidia-smi -q -d MEMORY`, `topo -m`, `-i 0 --query-gpu=...` on the
+    served demo answer from the pod's two GPUs; XID 79 raised in the driver container loses one
+    of them, and the pod's nvidia-smi says so instead of reporting its utilisation."""
+    chosen = fleet.parse({"pools": [{"name": "a100", "machine": "dgx-a100"}]}, "smi.yaml")
+    async with serve_demo(tmp_path, chosen) as (sim, nodes, kubeconfig):
+
+        async def kubectl(*args: str, expect: int = 0) -> str:
+            code, out = await run_kubectl(kubeconfig, *args)
+            assert code == expect, f"kubectl {' '.join(args)} -> {code}:\n{out}"
+            return out
+
+        manifest = tmp_path / "two.json"
+        manifest.write_text(json.dumps(TWO_GPUS))
+        await kubectl("create", "-f", str(manifest))
+        await kubectl("wait", "pod/two-gpus", "--for=condition=Ready", f"--timeout={DEADLINE:g}s")
+        machine = nodes.node("a100-1").machine
+        assert machine is not None
+
+        memory = await kubectl("exec", "two-gpus", "--", "nvidia-smi", "-q", "-d", "MEMORY")
+        assert "==============NVSMI LOG==============" in memory
+        assert _value(memory, "Attached GPUs") == ["2"]
+        assert _value(memory, "Total") == ["40960 MiB", "40960 MiB"]
+        assert "Product Name" not in memory
+
+        topo = await kubectl("exec", "two-gpus", "--", "nvidia-smi", "topo", "-m")
+        header, gpu0 = (line.split("\t") for line in topo.splitlines()[:2])
+        assert header[1:4] == ["GPU0", "GPU1", "NIC0"]
+        assert gpu0[1:3] == [" X ", "NV12"]
+        assert "NIC Legend:" in topo
+
+        query = ["--query-gpu=index,uuid,memory.total", "--format=csv,noheader"]
+        first = await kubectl("exec", "two-gpus", "--", "nvidia-smi", "-i", "0", *query)
+        index, uuid, total = first.strip().split(", ")
+        assert (index, total) == ("0", "40960 MiB")
+        host_index = next(g.index for g in machine.gpus if g.uuid == uuid)
+        missing = await kubectl("exec", "two-gpus", "--", "nvidia-smi", "-q", "-i", "2", expect=6)
+        assert "No devices were found" in missing
+
+        driver = next(
+            p["metadata"]["name"]
+            for p in sim.store.list("pods", session.NAMESPACE)
+            if (p["metadata"].get("labels") or {}).get("app", "").startswith("nvidia-driver")
+        )
+        fault = ["demo-gpu-fault", "xid", str(host_index), "79"]
+        said = await kubectl(
+            "exec", "-n", session.NAMESPACE, driver, "-c", "nvidia-driver-ctr", "--", *fault
+        )
+        assert "it has fallen off the bus" in said
+        util = ["--query-gpu=index,utilization.gpu", "--format=csv"]
+        lost = await kubectl("exec", "two-gpus", "--", "nvidia-smi", *util, expect=15)
+        assert "GPU is lost" in lost
+        assert "%" not in lost.replace("utilization.gpu [%]", "")

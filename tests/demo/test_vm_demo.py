@@ -39,6 +39,11 @@ def test_the_kubevirt_passthrough_example_finishes(tmp_path: Path) -> None:
     assert "nvidia.com/GA100_A100_SXM4_40GB=8" in result.output
     assert "nvidia.com/gpu=4" in result.output
     assert "VM nodes:         1 vm-passthrough" in result.output
+    # GFD does not label the VM node: its GPUs are counted from its machine.
+    assert (
+        "GPUs by model:    8 x NVIDIA-A100-SXM4-40GB, 4 x Tesla-T4 (12 in all; 8 on GPU nodes "
+        "without GFD labels, counted from their machines)"
+    ) in result.output
     real = next(line for line in result.output.splitlines() if "real agents:" in line)
     assert "vfio-manager" in real
     assert "sandbox-device-plugin" in real
@@ -48,9 +53,12 @@ async def test_the_kubevirt_fleet_shows_passthrough_and_vgpu_resources() -> None
     documents = manifests.read(str(ROOT / "examples" / "kubevirt-vgpu.yaml"))
     policy = next(d for d in documents if d["kind"] == "ClusterPolicy")
     objects = [d for d in documents if d["kind"] == "ConfigMap"]
+    # The example's vGPU manager image lives in the user's own registry (it is built from
+    # NVIDIA's licensed driver): the simulated one holds it, as the user's would.
     options = session.Options(
         fleet=fleet.NAMED["kubevirt"], policy=policy, objects=objects,
         timing=programs.Timing(scale=0.0), timeout=60.0, live=False,
+        images=["registry.example.com/nvidia/*"],
     )  # fmt: skip
     result = await session.run(options, Console(file=io.StringIO(), width=200))
     assert result.converged

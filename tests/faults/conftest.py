@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "controller"))
 
+from kubesim_helpers import TEST_IMAGES
 from operator_harness import CPU_LABELS, NAMESPACE, Env, gpu_node
 
 import kubesim
@@ -23,7 +24,9 @@ from kubesim.controllers.kubelet import KubeletConfig
 @pytest.fixture
 async def cluster(chart_rbac: Callable[..., Path] | None) -> AsyncIterator[kubesim.Cluster]:
     mode = "rbac" if chart_rbac is not None else "open"
-    async with kubesim.Cluster(kubelet=KubeletConfig(instant=True), authorization=mode) as sim:
+    async with kubesim.Cluster(
+        kubelet=KubeletConfig(instant=True), authorization=mode, images=TEST_IMAGES
+    ) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)

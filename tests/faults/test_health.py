@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
-from aiohttp.test_utils import TestClient, TestServer
+import aiohttp
 from operator_harness import Env, policy
 
+from gpu_operator import http_endpoint
 from gpu_operator.controller import endpoints, health
+
+
+@contextlib.asynccontextmanager
+async def serving(routes: http_endpoint.Respond) -> AsyncIterator[aiohttp.ClientSession]:
+    """The routes served as the operator serves them, and a client for them."""
+    endpoint = await endpoints.serve(routes, "127.0.0.1:0", "health endpoint")
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{endpoint.port}") as http:
+            yield http
+    finally:
+        await endpoint.aclose()
 
 
 async def test_broken_watches_make_the_operator_unready(env: Env) -> None:
@@ -15,8 +29,8 @@ async def test_broken_watches_make_the_operator_unready(env: Env) -> None:
     env.start_operator()
     await env.wait_ready()
     rt = env.operator.runtime
-    app = endpoints.health_app(lambda: health.readiness(rt), lambda: health.liveness(rt))
-    async with TestClient(TestServer(app)) as http:
+    routes = endpoints.health_routes(lambda: health.readiness(rt), lambda: health.liveness(rt))
+    async with serving(routes) as http:
         response = await http.get("/readyz")
         assert response.status == 200, await response.text()
         env.sim.faults.add(verb="watch", code=500)
@@ -40,8 +54,8 @@ async def test_a_stuck_reconcile_fails_liveness(env: Env) -> None:
     env.start_operator(stuck_after=0.5)
     await env.wait_ready()
     rt = env.operator.runtime
-    app = endpoints.health_app(lambda: health.readiness(rt), lambda: health.liveness(rt))
-    async with TestClient(TestServer(app)) as http:
+    routes = endpoints.health_routes(lambda: health.readiness(rt), lambda: health.liveness(rt))
+    async with serving(routes) as http:
         assert (await http.get("/healthz")).status == 200
         # Every status write now hangs for ten times the stuck limit: the policy's pass cannot
         # finish (and the teardown waits out only this much for the hanging write).

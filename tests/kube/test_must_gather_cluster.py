@@ -44,10 +44,12 @@ async def agent(run: kubesim.ProgramRun) -> int | None:
 def pod(name: str, node: str, command: list[str], init: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "nodeName": node,
-        "containers": [{"name": "main", "image": "x", "command": command}],
+        "containers": [{"name": "main", "image": "busybox:1.36", "command": command}],
     }
     if init:
-        spec["initContainers"] = [{"name": "prep", "image": "x", "command": ["agent", "exit"]}]
+        spec["initContainers"] = [
+            {"name": "prep", "image": "busybox:1.36", "command": ["agent", "exit"]}
+        ]
     labels = {"app": name.rsplit("-", 1)[0]}
     return {
         "apiVersion": "v1",

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from kubesim_helpers import TEST_IMAGES
 from waiting import DEADLINE, eventually
 
 import kubesim
@@ -17,7 +18,7 @@ NS = "default"
 
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster() as cluster:
+    async with kubesim.Cluster(images=TEST_IMAGES) as cluster:
         cluster.add_node("n1")
         yield cluster
 
@@ -34,7 +35,7 @@ def daemonset(
             "updateStrategy": {"type": strategy},
             "template": {
                 "metadata": {"labels": pod_labels},
-                "spec": {"containers": [{"name": "main", "image": "registry.example/op:v1"}]},
+                "spec": {"containers": [{"name": "main", "image": "registry.local/op:v1"}]},
             },
         },
     }

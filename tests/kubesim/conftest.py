@@ -6,14 +6,16 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from kubesim_helpers import Api, instant
+from kubesim_helpers import TEST_IMAGES, Api, instant
 
 import kubesim
 
 
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(nodes=2, kubelet=instant(), bookmark_interval=0.1) as cluster:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, nodes=2, kubelet=instant(), bookmark_interval=0.1
+    ) as cluster:
         yield cluster
 
 

@@ -87,6 +87,12 @@ class Api:
         return result
 
 
+# The tests' made-up images (docker.io/example/... and a private registry.local): test clusters
+# whose pods run them register them, since kubesim's nodes pull only images its catalog knows
+# (kubesim.images).
+TEST_IMAGES = ("example/*", "registry.local/*")
+
+
 def instant() -> KubeletConfig:
     """A kubelet without delays or heartbeats."""
     return KubeletConfig(instant=True, lease_interval=None)

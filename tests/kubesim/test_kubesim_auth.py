@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from kubesim_helpers import instant
+from kubesim_helpers import TEST_IMAGES, instant
 from waiting import DEADLINE, within
 
 import kubesim
@@ -65,7 +65,9 @@ class Client:
 
 @pytest.fixture
 async def rbac_sim() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(authorization="rbac", kubelet=instant()) as cluster:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, authorization="rbac", kubelet=instant()
+    ) as cluster:
         yield cluster
 
 

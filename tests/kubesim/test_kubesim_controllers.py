@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
-from kubesim_helpers import CM, Api, configmap, daemonset, instant
+from kubesim_helpers import CM, TEST_IMAGES, Api, configmap, daemonset, instant
 from waiting import DEADLINE, within
 
 import kubesim
@@ -116,7 +116,12 @@ async def test_daemonset_rolling_update_respects_max_unavailable(
         nonlocal peak_unavailable
         status = ds_status(sim, "d")
         peak_unavailable = max(peak_unavailable, status.get("numberUnavailable", 0))
-        return status.get("updatedNumberScheduled") == 5 and status.get("numberAvailable") == 5
+        # The status of the new generation: right after the patch it still counts the old one.
+        return (
+            status.get("observedGeneration") == 2
+            and status.get("updatedNumberScheduled") == 5
+            and status.get("numberAvailable") == 5
+        )
 
     patch = {
         "spec": {"template": {"spec": {"containers": [{"name": "main", "image": "example/d:2"}]}}}
@@ -176,14 +181,14 @@ async def test_kubelet_runs_init_containers_then_becomes_ready() -> None:
     config = KubeletConfig(
         init_container_duration=0.01, start_delay=0.01, ready_delay=0.01, lease_interval=None
     )
-    async with kubesim.Cluster(nodes=1, kubelet=config) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=config) as sim:
         seen: list[str] = []
 
         async def init_runner(ctx: PodContext) -> int:
             seen.append(ctx.container_name)
             return 0
 
-        sim.register_pod_runner(init_runner, image="init/*")
+        sim.register_pod_runner(init_runner, image="example/init-*")
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -191,10 +196,10 @@ async def test_kubelet_runs_init_containers_then_becomes_ready() -> None:
             "spec": {
                 "nodeName": "node-1",
                 "initContainers": [
-                    {"name": "i1", "image": "init/a:1"},
-                    {"name": "i2", "image": "init/b:1"},
+                    {"name": "i1", "image": "example/init-a:1"},
+                    {"name": "i2", "image": "example/init-b:1"},
                 ],
-                "containers": [{"name": "c", "image": "app:1"}],
+                "containers": [{"name": "c", "image": "example/app:1"}],
             },
         }
         sim.store.create(pod)
@@ -225,7 +230,7 @@ async def test_pod_runner_controls_readiness_exit_codes_and_restarts(sim: kubesi
         await asyncio.Event().wait()
         return 0
 
-    sim.register_pod_runner(agent, image="vendor/agent")
+    sim.register_pod_runner(agent, image="example/agent")
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -235,7 +240,7 @@ async def test_pod_runner_controls_readiness_exit_codes_and_restarts(sim: kubesi
             "containers": [
                 {
                     "name": "agent",
-                    "image": "vendor/agent:v3",
+                    "image": "example/agent:v3",
                     "readinessProbe": {"exec": {"command": ["true"]}},
                     "env": [
                         {
@@ -264,7 +269,7 @@ async def test_pod_runner_controls_readiness_exit_codes_and_restarts(sim: kubesi
 
 
 async def test_pod_runner_talks_to_the_api_as_a_node_program() -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
 
         async def labeller(ctx: PodContext) -> None:
             async with aiohttp.ClientSession(base_url=ctx.url) as session:
@@ -319,13 +324,13 @@ async def test_object_runner_gets_start_and_stop(sim: kubesim.Cluster) -> None:
         async def stop(self, ctx: PodContext) -> None:
             events.append(f"stop {ctx.name}")
 
-    sim.register_pod_runner(Runner(), image="obj:1")
+    sim.register_pod_runner(Runner(), image="example/obj:1")
     sim.store.create(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "o", "namespace": "default"},
-            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "obj:1"}]},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "example/obj:1"}]},
         }
     )
     await sim.wait_for(lambda: events == ["start o"], DEADLINE)
@@ -351,7 +356,7 @@ async def test_nodes_report_status_and_can_be_made_not_ready(sim: kubesim.Cluste
 
 async def test_node_leases_are_renewed() -> None:
     async with kubesim.Cluster(
-        nodes=1, kubelet=KubeletConfig(instant=True, lease_interval=0.02)
+        images=TEST_IMAGES, nodes=1, kubelet=KubeletConfig(instant=True, lease_interval=0.02)
     ) as sim:
         first = sim.store.get("leases", "node-1", "kube-node-lease")["metadata"]["resourceVersion"]  # type: ignore[index]
         await sim.wait_for(

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubesim_helpers import kubectl, needs_kubectl
+from kubesim_helpers import TEST_IMAGES, kubectl, needs_kubectl
 from test_kubesim_device_manager import RESOURCE, healthy, plugin
 from waiting import DEADLINE
 
@@ -49,7 +49,7 @@ class FakeRuntime:
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
     config = KubeletConfig(instant=True, lease_interval=None)
-    async with kubesim.Cluster(nodes=1, kubelet=config) as cluster:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=config) as cluster:
         yield cluster
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubesim_helpers import daemonset, instant, kubectl, needs_kubectl
+from kubesim_helpers import TEST_IMAGES, daemonset, instant, kubectl, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubesim
@@ -21,7 +21,9 @@ NODES = 30
 @pytest.fixture
 async def fleet() -> AsyncIterator[kubesim.Cluster]:
     """A cluster of NODES nodes with an instant kubelet."""
-    async with kubesim.Cluster(nodes=NODES, kubelet=instant(), node_filesystems=False) as sim:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, nodes=NODES, kubelet=instant(), node_filesystems=False
+    ) as sim:
         yield sim
 
 
@@ -291,7 +293,7 @@ async def test_old_revisions_beyond_the_limit_go_unless_a_pod_still_runs_them(
 
 async def test_endpoints_hold_at_most_1000_addresses_and_say_so() -> None:
     async with kubesim.Cluster(
-        nodes=1, kubelet=instant(), node_filesystems=False, events=False
+        images=TEST_IMAGES, nodes=1, kubelet=instant(), node_filesystems=False, events=False
     ) as sim:
         sim.store.create({
             "apiVersion": "v1", "kind": "Service",

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc import aio
-from kubesim_helpers import kubectl, needs_kubectl
+from kubesim_helpers import TEST_IMAGES, kubectl, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubeletapi
@@ -184,7 +184,7 @@ def config(**kw: Any) -> KubeletConfig:
 
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(nodes=1, kubelet=config()) as cluster:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=config()) as cluster:
         yield cluster
 
 
@@ -341,7 +341,7 @@ async def test_unhealthy_device_stays_in_capacity_and_leaves_allocatable(
 
 async def test_plugin_that_goes_away_drops_allocatable_then_capacity_after_grace() -> None:
     cfg = config(device_plugin_grace_period=0.3)
-    async with kubesim.Cluster(nodes=1, kubelet=cfg) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=cfg) as sim:
         # Every value the node goes through (the store calls this on each write): the 0.3 s of
         # the middle state may pass between two polls of a loaded machine.
         seen: list[tuple[str | None, str | None]] = []
@@ -751,7 +751,7 @@ async def test_pod_resources_list_get_and_allocatable(sim: kubesim.Cluster) -> N
 
 
 async def test_device_manager_starts_with_a_runner_pod_and_never_without_filesystems() -> None:
-    async with kubesim.Cluster(nodes=2, kubelet=config()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=2, kubelet=config()) as sim:
         assert sim.device_manager("node-1") is None
         socket = sim.node_root("node-1") / kubeletapi.KUBELET_SOCKET.lstrip("/")
         assert not socket.exists()
@@ -767,14 +767,16 @@ async def test_device_manager_starts_with_a_runner_pod_and_never_without_filesys
         await wait_phase(sim, "agent", "Succeeded")
         assert sim.device_manager("node-1") is not None
         assert sim.device_manager("node-2") is None
-    async with kubesim.Cluster(nodes=1, kubelet=config(), node_filesystems=False) as bare:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, nodes=1, kubelet=config(), node_filesystems=False
+    ) as bare:
         with pytest.raises(RuntimeError, match="node_filesystems=False"):
             await bare.start_device_manager("node-1")
 
 
 async def test_too_long_socket_path_is_refused_with_a_hint(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 80)
-    async with kubesim.Cluster(nodes=1, kubelet=config(), work_dir=deep) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=config(), work_dir=deep) as sim:
         with pytest.raises(ValueError, match="AF_UNIX limit: give the cluster a shorter work_dir"):
             await sim.start_device_manager(NODE)
 
@@ -785,7 +787,7 @@ async def test_default_work_dir_is_short_enough_for_node_sockets(
     long_tmp = tmp_path / ("t" * 60)
     long_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
-    async with kubesim.Cluster(nodes=1, kubelet=config()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=config()) as sim:
         manager = await sim.start_device_manager(NODE)
         assert manager.socket_path.is_socket()
         assert not str(manager.socket_path).startswith(str(long_tmp))

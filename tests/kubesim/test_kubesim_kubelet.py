@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import instant
+from kubesim_helpers import TEST_IMAGES, instant
 from waiting import DEADLINE, eventually
 
 import kubesim
@@ -35,7 +35,7 @@ FAST = KubeletConfig(
 
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(nodes=2, kubelet=FAST) as cluster:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=2, kubelet=FAST) as cluster:
         yield cluster
 
 
@@ -269,7 +269,7 @@ async def test_node_lifecycle_events(sim: kubesim.Cluster) -> None:
 
 
 async def test_instant_pods_settle_in_one_status_write() -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=instant(), events=False) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant(), events=False) as sim:
         writes: list[str] = []
 
         def count(event: Any) -> None:
@@ -666,7 +666,9 @@ async def test_pods_without_runners_get_checks_but_no_written_files(sim: kubesim
 async def test_node_roots_live_under_the_work_dir_and_go_with_the_cluster(
     tmp_path: Path,
 ) -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=instant(), work_dir=tmp_path) as sim:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, nodes=1, kubelet=instant(), work_dir=tmp_path
+    ) as sim:
         root = sim.node_root("node-1")
         assert root == tmp_path / "nodes" / "node-1"
         # A fresh node looks like a Linux host: what operands mount with type Directory exists.
@@ -685,7 +687,9 @@ async def test_node_roots_live_under_the_work_dir_and_go_with_the_cluster(
 
 
 async def test_node_filesystems_can_be_turned_off_for_scale_runs() -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=instant(), node_filesystems=False) as sim:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, nodes=1, kubelet=instant(), node_filesystems=False
+    ) as sim:
         volumes = [{"name": "sys", "hostPath": {"path": "/nowhere", "type": "Directory"}}]
         sim.store.create(pod("unchecked", volumes=volumes))
         await until_phase(sim, "unchecked", "Running")

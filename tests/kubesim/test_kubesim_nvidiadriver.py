@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import instant, kubectl, needs_kubectl
+from kubesim_helpers import TEST_IMAGES, instant, kubectl, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubesim
@@ -43,7 +43,7 @@ T4 = {**UBUNTU, keys.GPU_PRODUCT: "Tesla-T4", "nvidia.com/gpu.family": "turing"}
 @pytest.fixture
 async def cluster(chart_rbac: Callable[..., Path] | None) -> AsyncIterator[kubesim.Cluster]:
     mode = "rbac" if chart_rbac is not None else "open"
-    async with kubesim.Cluster(kubelet=instant(), authorization=mode) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, kubelet=instant(), authorization=mode) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for crd in crds.all_crds().values():
             sim.store.create(crd)

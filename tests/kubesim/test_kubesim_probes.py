@@ -6,7 +6,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from kubesim_helpers import instant
+from kubesim_helpers import TEST_IMAGES, instant
 from waiting import DEADLINE
 
 import kubesim
@@ -77,7 +77,7 @@ PROBE = {
 
 async def test_readiness_follows_the_http_probe_of_the_named_port() -> None:
     server = Server()
-    async with kubesim.Cluster(nodes=1, kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
         sim.register_pod_runner(server.run, image=IMAGE, reports_readiness=True)
         sim.store.create(pod("web", readinessProbe={**PROBE, "failureThreshold": 2}))
         await sim.wait_for(lambda: bool(events(sim, "Unhealthy")), timeout=DEADLINE)
@@ -94,7 +94,7 @@ async def test_readiness_follows_the_http_probe_of_the_named_port() -> None:
 
 async def test_a_failing_liveness_probe_restarts_the_container() -> None:
     server = Server()
-    async with kubesim.Cluster(nodes=1, kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
         sim.register_pod_runner(server.run, image=IMAGE, reports_readiness=True)
         sim.store.create(pod("web", livenessProbe={**PROBE, "failureThreshold": 3}))
 
@@ -109,7 +109,7 @@ async def test_a_failing_liveness_probe_restarts_the_container() -> None:
 
 async def test_startup_probe_holds_readiness_until_it_passes() -> None:
     server = Server()
-    async with kubesim.Cluster(nodes=1, kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
         sim.register_pod_runner(server.run, image=IMAGE, reports_readiness=True)
         # No readiness probe: ready as soon as the startup probe passes.
         sim.store.create(pod("web", startupProbe={**PROBE, "failureThreshold": 1000}))
@@ -121,7 +121,7 @@ async def test_startup_probe_holds_readiness_until_it_passes() -> None:
 
 
 async def test_a_port_nobody_serves_fails_like_a_refused_connection() -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
         seen: list[tuple[bool, str]] = []
 
         async def silent(ctx: PodContext) -> int:
@@ -139,7 +139,9 @@ async def test_a_port_nobody_serves_fails_like_a_refused_connection() -> None:
 
 
 async def test_a_pods_projected_token_is_its_service_account_and_dies_with_the_pod() -> None:
-    async with kubesim.Cluster(nodes=1, kubelet=instant(), authorization="rbac") as sim:
+    async with kubesim.Cluster(
+        images=TEST_IMAGES, nodes=1, kubelet=instant(), authorization="rbac"
+    ) as sim:
         sim.store.create(
             {"apiVersion": "v1", "kind": "ServiceAccount",
              "metadata": {"name": "app", "namespace": "default"}}

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubesim_helpers import instant, kubectl, needs_kubectl
+from kubesim_helpers import TEST_IMAGES, instant, kubectl, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubesim
@@ -21,7 +21,7 @@ CUDA = "nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04"
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, kubelet=instant()) as sim:
         yield sim
 
 
@@ -469,7 +469,7 @@ async def test_least_allocated_spreads_pods(cluster: kubesim.Cluster) -> None:
 
 async def test_finished_pods_give_their_resources_back() -> None:
     config = KubeletConfig(lease_interval=None, command_duration=0.3)
-    async with kubesim.Cluster(kubelet=config) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, kubelet=config) as sim:
         sim.add_node("gpu-1", capacity={"nvidia.com/gpu": "1"})
         for name in ("job-a", "job-b"):
             manifest = gpu_pod(name, 1)
@@ -504,7 +504,7 @@ def nvidia_smi_overrides(name: str) -> str:
 @needs_kubectl
 async def test_kubectl_run_nvidia_smi_lands_on_a_gpu_node_and_completes() -> None:
     config = KubeletConfig(lease_interval=None, command_duration=0.3)
-    async with kubesim.Cluster(kubelet=config) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, kubelet=config) as sim:
         sim.add_node("cpu-1")
         sim.add_node("gpu-1", capacity={"nvidia.com/gpu": "8"})
         out = await kubectl(
@@ -532,7 +532,7 @@ async def test_kubectl_run_nvidia_smi_lands_on_a_gpu_node_and_completes() -> Non
 
 @needs_kubectl
 async def test_kubectl_describe_shows_why_extra_gpu_pods_wait() -> None:
-    async with kubesim.Cluster(kubelet=instant()) as sim:
+    async with kubesim.Cluster(images=TEST_IMAGES, kubelet=instant()) as sim:
         sim.add_node("cpu-1")
         sim.add_node("gpu-1", capacity={"nvidia.com/gpu": "2"})
         for index in range(3):

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from kubesim_helpers import TEST_IMAGES
 from waiting import eventually
 
 import kubesim
@@ -26,7 +27,7 @@ FAST = KubeletConfig(
 
 @pytest.fixture
 async def sim() -> AsyncIterator[kubesim.Cluster]:
-    async with kubesim.Cluster(nodes=1, kubelet=FAST) as cluster:
+    async with kubesim.Cluster(nodes=1, kubelet=FAST, images=TEST_IMAGES) as cluster:
         yield cluster
 
 

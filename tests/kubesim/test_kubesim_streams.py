@@ -353,6 +353,45 @@ async def test_python_logging_of_a_runner_and_its_crash_reach_its_container_log(
     assert "outside any runner" not in text
 
 
+async def test_paths_a_runner_logs_read_as_on_its_node(sim: kubesim.Cluster, api: Api) -> None:
+    """A node program logs the socket and files it opened; the log shows the node's paths, not
+    the temporary tree where kubesim keeps the node's files."""
+    logger = logging.getLogger("tests.kubesim.paths")
+    handler = kubesim.ContainerLogHandler()
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    root = sim.node_root("node-1")
+
+    async def plugin(ctx: PodContext) -> int:
+        socket = ctx.host_path("/var/lib/kubelet/device-plugins/nvidia-gpu.sock")
+        logger.info("serving nvidia.com/gpu on %s", socket)
+        logger.info("no %s or %s/run/cdi", ctx.host_path("/proc/driver/x"), ctx.node_root)
+        logger.info("root %s; a sibling %s-0/etc stays", ctx.node_root, ctx.node_root)
+        return 0
+
+    try:
+        # An image every node can pull (a real public one).
+        sim.register_pod_runner(plugin, image="busybox")
+        sim.store.create(pod("plugin", image="busybox", restartPolicy="Never"))
+        await sim.wait_for(
+            lambda: (
+                (sim.store.get("pods", "plugin", "default") or {}).get("status", {}).get("phase")
+                == "Succeeded"
+            ),
+            DEADLINE,
+        )
+        async with api.session.get(f"{PODS}/plugin/log") as resp:
+            lines = (await resp.text()).splitlines()
+    finally:
+        logger.removeHandler(handler)
+    assert lines == [
+        "serving nvidia.com/gpu on /var/lib/kubelet/device-plugins/nvidia-gpu.sock",
+        "no /proc/driver/x or /run/cdi",
+        f"root /; a sibling {root}-0/etc stays",
+    ]
+
+
 async def test_logs_tail_limit_timestamps_and_since(
     sim: kubesim.Cluster, api: Api, programs: Programs
 ) -> None:

@@ -547,6 +547,45 @@ def test_pcie_only_machines_have_no_nvlink() -> None:
         lib.device_by_index(0).nvlink_state(0)
 
 
+def test_gpus_report_the_cpus_and_numa_node_of_their_socket() -> None:
+    """Four GPUs per socket in index order; a socket's CPUs are its cores, then their
+    hyper-thread siblings (Linux numbering), as nvmlDeviceGetCpuAffinity reports them."""
+    _, lib = open_machine("dgx-a100")  # two 64-core EPYCs
+    first, last = lib.device_by_index(3), lib.device_by_index(4)
+    assert first.cpu_affinity() == (*range(64), *range(128, 192))
+    assert last.cpu_affinity() == (*range(64, 128), *range(192, 256))
+    assert (first.memory_affinity(), last.memory_affinity()) == ((0,), (1,))
+    _, mig_lib = open_machine("dgx-a100-mig-single")
+    with pytest.raises(nvml.NotSupported):
+        mig_lib.device_by_index(0).mig_device_by_index(0).cpu_affinity()
+    one_socket = mock.MockMachine(
+        machines.from_dict({"name": "box", "gpus": [{"model": "L4", "count": 8}],
+                            "host": {"sockets": 1, "coresPerSocket": 16}})
+    )  # fmt: skip
+    lib = one_socket.nvml()
+    lib.init()
+    assert lib.device_by_index(7).memory_affinity() == (0,)
+    assert lib.device_by_index(0).topology_common_ancestor(lib.device_by_index(7)) == (
+        nvml.protocol.TopologyLevel.NODE
+    )
+
+
+def test_nics_share_the_pcie_switches_of_the_gpus_they_serve() -> None:
+    machine, _ = open_machine("dgx-h100")
+    assert [n.name for n in machine.nics] == [f"mlx5_{k}" for k in range(8)]
+    gpu0, gpu1, gpu2, gpu7 = (machine.gpus[i].bus_id for i in (0, 1, 2, 7))
+    nic0 = machine.nics[0].bus_id
+    level = machine.pci_common_ancestor
+    assert level(gpu0, nic0) == nvml.protocol.TopologyLevel.SINGLE
+    assert level(gpu1, nic0) == nvml.protocol.TopologyLevel.SINGLE
+    assert level(gpu2, nic0) == nvml.protocol.TopologyLevel.NODE
+    assert level(gpu7, nic0) == nvml.protocol.TopologyLevel.SYSTEM
+    assert level(nic0, nic0.lower()) == nvml.protocol.TopologyLevel.INTERNAL
+    assert open_machine("t4x4")[0].nics == []
+    with pytest.raises(machines.MachineFileError, match=r"host\.nics: 3 NICs for 1 GPU"):
+        machines.from_dict({"name": "box", "gpus": [{"model": "T4"}], "host": {"nics": 3}})
+
+
 # -- events and faults ------------------------------------------------------------------------
 
 
@@ -615,6 +654,30 @@ def test_gpu_falling_off_the_bus() -> None:
     assert lib.device_by_index(4).name() == "NVIDIA A100-SXM4-40GB"
     machine.reset(5)
     assert dev.uuid().startswith("GPU-")
+
+
+def test_xid_79_is_the_gpu_falling_off_the_bus() -> None:
+    """Issue 30 item 14: XID 79 means the GPU fell off the bus, so NVML answers GPU_IS_LOST for
+    it from then on. Before the fix an injected XID 79 left the GPU answering: utilisation,
+    power and memory kept coming."""
+    machine, lib = open_machine("dgx-a100")
+    dev = lib.device_by_index(2)
+    machine.inject_xid(2, mock.XID_FALLEN_OFF_BUS)
+    for read in (dev.utilization, dev.power_usage, dev.memory_info, dev.temperature):
+        with pytest.raises(nvml.GpuLost):
+            read()
+    with pytest.raises(nvml.GpuLost):
+        lib.device_by_index(2)
+    machine.reset(2)
+    assert dev.utilization().gpu >= 0
+
+
+def test_a_mig_device_of_a_lost_gpu_is_lost_too() -> None:
+    machine, lib = open_machine("dgx-a100-mig-single")
+    uuid = lib.device_by_index(1).mig_device_by_index(0).uuid()
+    machine.fall_off_bus(1)
+    with pytest.raises(nvml.GpuLost):
+        lib.device_by_uuid(uuid)
 
 
 def test_injected_call_errors_fire_the_requested_number_of_times() -> None:

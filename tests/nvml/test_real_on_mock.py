@@ -254,3 +254,21 @@ def test_instant_power_is_the_instant_field_not_the_average() -> None:
     instant = gpu.power_usage_instant()
     assert instant == 400_000
     assert gpu.power_usage() < instant
+
+
+# ----- host affinity (nvidia-smi topo -m) ---------------------------------------------------
+
+
+def test_cpu_and_memory_affinity_decode_nvmls_bitmasks() -> None:
+    """nvmlDeviceGetCpuAffinity and nvmlDeviceGetMemoryAffinity fill 64-bit words, one bit per
+    logical CPU or NUMA node; the real backend decodes them to the mock's own answer."""
+    machine = mock.MockMachine(machines.preset("dgx-h100"))
+    lib = real_on(machine)
+    direct = machine.nvml()
+    direct.init()
+    for index in (0, 6):
+        gpu, same = lib.device_by_index(index), direct.device_by_index(index)
+        assert gpu.cpu_affinity() == same.cpu_affinity()
+        assert gpu.memory_affinity() == same.memory_affinity() == (index // 4,)
+    far = lib.device_by_index(6).cpu_affinity()  # socket 1: CPUs 56-111 and 168-223
+    assert (far[0], far[55], far[56], far[-1]) == (56, 111, 168, 223)  # across four words

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from operand_helpers import ctr, env_of, find, make_facts, make_policy, mounts_of, pod, volumes_of
 
+from gpu_operator import validate_refs
 from gpu_operator.operands import dcgm, dcgm_exporter
 from gpu_operator.operands.common import RenderError
 
@@ -79,26 +80,27 @@ def test_a_valid_custom_counters_config_map_renders() -> None:
     assert find(objects, "DaemonSet")
 
 
-def test_a_missing_custom_config_map_is_a_render_error() -> None:
-    with pytest.raises(RenderError) as caught:
-        render(dcgmExporter={"config": {"name": "nope"}})
-    assert str(caught.value) == (
-        "dcgmExporter.config.name: ConfigMap 'nope' in namespace 'gpu-operator' not found"
-    )
-
-
-def test_the_seed_documents_metrics_csv_key_is_refused_with_the_reason() -> None:
-    with pytest.raises(RenderError) as caught:
-        render(
-            custom({"metrics.csv": SEED_CSV}),
-            dcgmExporter={"config": {"name": "dcgm-exporter-config"}},
-        )
-    message = str(caught.value)
-    assert message.startswith(
-        "dcgmExporter.config.name: ConfigMap 'dcgm-exporter-config' in namespace 'gpu-operator' "
-        "has no key 'dcgm-metrics.csv' (its keys: metrics.csv)"
-    )
-    assert message.endswith("rename the key to dcgm-metrics.csv")
+@pytest.mark.parametrize(
+    ("facts", "message"),
+    [
+        (None, "spec.dcgmExporter.config.name: ConfigMap dcgm-exporter-config not found in "
+               "namespace gpu-operator: create ConfigMap dcgm-exporter-config in namespace "
+               "gpu-operator with key dcgm-metrics.csv"),
+        # The seed document's key: upstream mounts only dcgm-metrics.csv (FailedMount otherwise).
+        ({"metrics.csv": SEED_CSV},
+         "spec.dcgmExporter.config.name: ConfigMap dcgm-exporter-config in namespace "
+         "gpu-operator has no key dcgm-metrics.csv (its keys: metrics.csv): the DCGM exporter "
+         "reads key dcgm-metrics.csv only: rename key metrics.csv to dcgm-metrics.csv"),
+    ],
+)  # fmt: skip
+def test_a_missing_or_misnamed_config_map_is_checked_with_every_other_reference(
+    facts: dict[str, str] | None, message: str
+) -> None:
+    # Presence and keys are the reference table's (validate_refs), checked before any state
+    # renders by the controller, render and images alike; the state waits with this message.
+    policy = make_policy(dcgmExporter={"config": {"name": "dcgm-exporter-config"}})
+    report = validate_refs.check_facts(policy, custom(facts) if facts else make_facts())
+    assert report.blocked == {dcgm_exporter.NAME: message}
 
 
 def test_a_bad_csv_line_is_reported_with_config_map_key_and_line() -> None:
@@ -109,8 +111,8 @@ def test_a_bad_csv_line_is_reported_with_config_map_key_and_line() -> None:
             dcgmExporter={"config": {"name": "dcgm-exporter-config"}},
         )
     assert str(caught.value) == (
-        "dcgmExporter.config.name: ConfigMap 'dcgm-exporter-config' in namespace 'gpu-operator' "
-        "key 'dcgm-metrics.csv': line 6: unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE' "
+        "spec.dcgmExporter.config.name: ConfigMap dcgm-exporter-config in namespace gpu-operator "
+        "key dcgm-metrics.csv: line 6: unknown DCGM field 'DCGM_FI_DEV_GPU_TEMPERATURE' "
         "(did you mean DCGM_FI_DEV_GPU_TEMP?): "
         "'DCGM_FI_DEV_GPU_TEMPERATURE, gauge, temperature'"
     )
@@ -275,3 +277,46 @@ def test_exporter_annotations_go_on_the_pods_only() -> None:
     ds = find(render(dcgmExporter={"annotations": {"example.com/scrape": "yes"}}), "DaemonSet")
     assert ds["spec"]["template"]["metadata"]["annotations"]["example.com/scrape"] == "yes"
     assert "example.com/scrape" not in ds["metadata"].get("annotations", {})
+
+
+def _monitor(labels: dict[str, str] | None = None, crd: bool = False, **monitor: Any) -> Any:
+    policy = make_policy(dcgmExporter={"serviceMonitor": {"enabled": True, **monitor}})
+    policy.metadata["labels"] = labels or {}
+    return dcgm_exporter.service_monitor_skipped(policy, make_facts(has_servicemonitor_crd=crd))
+
+
+HELM = {"app.kubernetes.io/managed-by": "Helm"}
+
+
+def test_a_service_monitor_without_its_crd_is_said_a_warning_when_asked_for() -> None:
+    # Issue 30 item 8: never skipped silently. A ClusterPolicy written by hand asked for it.
+    skipped = _monitor()
+    assert skipped is not None
+    assert skipped.explicit
+    assert skipped.message == (
+        "dcgmExporter.serviceMonitor.enabled is true but the CRD "
+        "servicemonitors.monitoring.coreos.com (Prometheus Operator) is not installed: no "
+        "ServiceMonitor is created; the metrics are still served by Service nvidia-dcgm-exporter "
+        "on port 9400 (gpu-metrics). Install the Prometheus Operator's CRDs and the operator "
+        "creates the ServiceMonitor, or set dcgmExporter.serviceMonitor.enabled=false"
+    )
+
+
+def test_a_charts_default_service_monitor_without_its_crd_is_a_note() -> None:
+    # Both charts (ours, NVIDIA's 26.7) default serviceMonitor.enabled to true.
+    skipped = _monitor(HELM)
+    assert skipped is not None
+    assert not skipped.explicit
+    assert "enabled is true (the chart's default) but the CRD" in skipped.message
+    # Labels or relabelings for a Prometheus to select it: the user meant it.
+    customised = _monitor(HELM, additionalLabels={"release": "prometheus"})
+    assert customised is not None
+    assert customised.explicit
+
+
+def test_nothing_is_said_with_the_crd_or_without_a_service_monitor() -> None:
+    assert _monitor(crd=True) is None
+    policy = make_policy(dcgmExporter={"serviceMonitor": {"enabled": False}})
+    assert dcgm_exporter.service_monitor_skipped(policy, make_facts()) is None
+    off = make_policy(dcgmExporter={"enabled": False, "serviceMonitor": {"enabled": True}})
+    assert dcgm_exporter.service_monitor_skipped(off, make_facts()) is None

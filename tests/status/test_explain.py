@@ -128,7 +128,7 @@ def test_operands_paused_for_a_driver_install_and_vm_nodes_fail_the_deploy_label
     assert verdict.failed.id == "deploy-labels"
     assert "paused" in verdict.failed.summary
     vm = {**healthy().labels, "nvidia.com/gpu.workload.config": "vm-passthrough"}
-    verdict = ex.explain(healthy(labels=vm))
+    verdict = ex.explain(healthy(labels=vm, policy=ex.PolicyView(sandbox_workloads=True)))
     assert verdict.failed is not None
     assert "vm-passthrough" in verdict.failed.summary
 
@@ -269,18 +269,20 @@ def test_a_failing_cuda_validation_quotes_the_workload_pods_error() -> None:
     assert "nvidia-smi -r" in verdict.failed.fix
 
 
-def test_mig_and_upgrade_states_fail_their_links() -> None:
-    failed = with_labels(healthy(), **{"nvidia.com/mig.config.state": "failed",
+def test_mig_and_upgrade_states_fail_their_links_while_no_gpu_is_known_to_serve() -> None:
+    # Labels alone (no allocatable in the snapshot): a MIG change under way, an upgrade.
+    labels_only = healthy(capacity=None, allocatable=None)
+    busy = with_labels(labels_only, **{"nvidia.com/mig.config.state": "pending",
                                        "nvidia.com/mig.config": "all-1g.5gb"})  # fmt: skip
-    verdict = ex.explain(failed)
+    verdict = ex.explain(busy)
     assert verdict.failed is not None
     assert verdict.failed.id == "mig"
-    assert "all-1g.5gb" in verdict.failed.summary
+    assert "all-1g.5gb is being applied (pending)" in verdict.failed.summary
     ok = ex.explain(with_labels(healthy(), **{"nvidia.com/mig.config.state": "success"}))
     assert ok.usable
     for state, words in (("upgrade-failed", "failed"), ("drain-required", "in progress")):
         verdict = ex.explain(
-            with_labels(healthy(), **{"nvidia.com/gpu-driver-upgrade-state": state})
+            with_labels(labels_only, **{"nvidia.com/gpu-driver-upgrade-state": state})
         )
         assert verdict.failed is not None
         assert verdict.failed.id == "upgrade"
@@ -307,7 +309,9 @@ def test_a_summary_only_snapshot_skips_what_it_cannot_know() -> None:
 
 def test_the_worst_node_is_the_one_that_fails_earliest_in_the_chain() -> None:
     good = ex.explain(healthy())
-    late = ex.explain(with_labels(healthy(name="b"), **{"nvidia.com/mig.config.state": "failed"}))
+    unknown = healthy(name="b", capacity=None, allocatable=None)
+    late = ex.explain(with_labels(unknown, **{"nvidia.com/mig.config.state": "pending"}))
+    assert late.failed is not None
     early = ex.explain(replace_pod(healthy(name="c"), ex.DRIVER_APP, None))
     assert ex.worst([good, late, early]) == early
     assert ex.worst([good]) is None

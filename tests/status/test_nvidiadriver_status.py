@@ -82,3 +82,21 @@ def test_an_inactive_driver_is_disabled_with_upstreams_message() -> None:
     error = by_type(status)["Error"]
     assert error["status"] == "True"
     assert error["reason"] == "Reconciled"
+
+
+def test_a_planned_upgrade_of_the_driver_is_progress_not_an_error() -> None:
+    status = build(
+        DriverReport(
+            waiting=["upgrading the driver on 1/2 node(s): gpu-1 (pod-restart-required)"],
+            nodes=2, planned=True,
+        )
+    )  # fmt: skip
+    assert status["state"] == "notReady"
+    ready, error = by_type(status)["Ready"], by_type(status)["Error"]
+    assert (ready["status"], ready["reason"]) == ("False", "DriverUpgradeInProgress")
+    assert "gpu-1 (pod-restart-required)" in ready["message"]
+    assert (error["status"], error["reason"]) == ("False", "DriverUpgradeInProgress")
+    # A spec problem still wins, planned or not.
+    problem = build(DriverReport(problems=[("ConflictingNodeSelector", "x")], waiting=["y"],
+                                 planned=True))  # fmt: skip
+    assert by_type(problem)["Error"]["status"] == "True"

@@ -123,3 +123,69 @@ def test_ignored_policy() -> None:
     status = summary.ignored(active="cluster-policy", namespace="ns", now=NOW, generation=1)
     assert status["state"] == "ignored"
     assert "cluster-policy is older" in condition(status, "Error")["message"]
+
+
+def test_a_planned_driver_upgrade_is_not_ready_but_not_an_error() -> None:
+    """Issue 30 item 5: a driver upgrade the operator rolls out is progress, not Error=True."""
+    status = build([
+        StateReport("state-driver", "notReady",
+                    "upgrading the driver on 3/10 node(s): gpu-1 (drain-required)",
+                    planned=True, driver=True),
+        StateReport("state-operator-validation", "notReady", "gpu-1: init container waiting",
+                    planned=True, driver=True),
+        StateReport("state-device-plugin", "ready"),
+    ], ClusterView(worst_node="node gpu-1: driver not ready"))  # fmt: skip
+    assert status["state"] == "notReady"
+    ready, error = condition(status, "Ready"), condition(status, "Error")
+    assert (ready["status"], ready["reason"]) == ("False", conditions.DRIVER_UPGRADE_IN_PROGRESS)
+    assert ready["message"] == (
+        "planned work in progress: state-driver (upgrading the driver on 3/10 node(s): gpu-1 "
+        "(drain-required)); state-operator-validation (gpu-1: init container waiting)"
+    )  # nothing failed: no "first failing link"
+    assert (error["status"], error["reason"]) == ("False", conditions.DRIVER_UPGRADE_IN_PROGRESS)
+    assert error["message"] == conditions.PLANNED_WORK
+    assert summary.in_progress([StateReport("state-driver", "notReady", planned=True)])
+
+
+def test_a_failure_during_a_planned_upgrade_is_an_error_naming_it_first() -> None:
+    status = build([
+        StateReport("state-driver", "notReady", "driver upgrade failed on gpu-5: PDB ml/x",
+                    driver=True),
+        StateReport("state-operator-validation", "notReady", "gpu-1: starting", planned=True,
+                    driver=True),
+    ])  # fmt: skip
+    error = condition(status, "Error")
+    assert (error["status"], error["reason"]) == ("True", conditions.DRIVER_NOT_READY)
+    assert error["message"] == (
+        "states not ready: state-driver (driver upgrade failed on gpu-5: PDB ml/x); planned work "
+        "in progress: state-operator-validation (gpu-1: starting)"
+    )
+    assert condition(status, "Ready")["reason"] == "Error"
+    assert not summary.in_progress(
+        [StateReport("state-driver", "notReady", planned=True), StateReport("x", "failed", "y")]
+    )
+
+
+def test_an_operand_rollout_alone_is_operand_rollout_progress() -> None:
+    status = build([StateReport("state-device-plugin", "notReady", "3/4 updated", planned=True)])
+    assert condition(status, "Ready")["reason"] == conditions.OPERAND_ROLLOUT_IN_PROGRESS
+    assert condition(status, "Error")["status"] == "False"
+
+
+def test_error_flips_back_when_planned_work_replaces_a_failure() -> None:
+    failing = build([StateReport("state-driver", "notReady", "x")])
+    planned = build([StateReport("state-driver", "notReady", "y", planned=True, driver=True)],
+                    now=LATER, previous=failing)  # fmt: skip
+    assert condition(planned, "Ready")["lastTransitionTime"] == NOW  # still False
+    assert condition(planned, "Error")["lastTransitionTime"] == LATER  # True -> False
+
+
+def test_notes_are_said_in_the_ready_message_without_holding_it_back() -> None:
+    note = "dcgmExporter.serviceMonitor.enabled is true but the CRD ... is not installed"
+    status = build([StateReport("state-dcgm-exporter", "ready", note)],
+                   ClusterView(gpu_nodes=2, notes=(note,)))  # fmt: skip
+    assert status["state"] == "ready"
+    assert condition(status, "Ready")["message"] == (
+        f"all operand states ready on 2 GPU node(s); {note}"
+    )
+    assert status["states"] == [{"name": "state-dcgm-exporter", "state": "ready", "message": note}]

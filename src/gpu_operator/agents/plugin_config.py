@@ -7,6 +7,10 @@ reset with a warning, and MPS defaults `failRequestsGreaterThanOne` to true.
 Beyond upstream, a shortened form seen in widely copied guides is accepted as a documented
 shorthand (see `expand_shorthand`): `sharing.timeSlicing.replicas: N` (or `sharing.mps.replicas`)
 and a top-level `mig.strategy`. Each use is logged with the upstream spelling it stands for.
+
+Also beyond upstream, which takes any positive count, replicas are bounded (MAX_REPLICAS,
+MAX_MPS_REPLICAS; the node's total in `device_plugin.devices`, MAX_NODE_DEVICES): every replica
+is one device in the list the plugin sends the kubelet, and a million of them never reach it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,20 @@ log = logging.getLogger(__name__)
 RESOURCE_PREFIX = "nvidia.com/"
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+# What one node may advertise (docs/device-plugin.md, "Limits"). The kubelet reads a plugin's
+# device list as one gRPC message and leaves gRPC's default 4 MiB receive limit in place; a
+# device takes about 68 bytes of it (`GPU-<uuid>::<n>`, its health and NUMA node), so about
+# 60,000 fit. A node advertises at most a quarter of that, all resources together.
+MAX_NODE_DEVICES = 16_384
+# Time-slicing replicas per GPU: 16 GPUs (a DGX-2, the most any DGX or HGX system has) times
+# this is MAX_NODE_DEVICES. A GPU shared 1,024 ways gives each replica a 1/1,024
+# time slice and, on an 80 GiB GPU, 80 MiB of memory.
+MAX_REPLICAS = 1024
+# MPS replicas per GPU: each gets 100/replicas percent of the GPU's threads
+# (set_default_active_thread_percentage takes whole percents from 1), so at most 100.
+MAX_MPS_REPLICAS = 100
 
 
 class ConfigError(ValueError):
@@ -75,11 +93,29 @@ def _resource_name(value: str) -> str:
 ResourceName = Annotated[str, pydantic.AfterValidator(_resource_name)]
 
 
+def _too_many(value: int, limit: int, mps: bool = False) -> str:
+    if mps:
+        why = "each MPS replica gets 100/replicas percent of the GPU's threads, 1 at least"
+    else:
+        why = (
+            "every replica is one device in the list the plugin sends the kubelet, and a node "
+            f"advertises at most {MAX_NODE_DEVICES:,}"
+        )
+    return f"{value:,} replicas per GPU is more than the {limit:,} allowed ({why})"
+
+
 class ReplicatedResource(_Model):
     name: ResourceName
     rename: ResourceName | None = None
     devices: str | int | list[str] = "all"
     replicas: int = pydantic.Field(ge=2)
+
+    @pydantic.field_validator("replicas")
+    @classmethod
+    def _at_most(cls, value: int) -> int:
+        if value > MAX_REPLICAS:
+            raise ValueError(_too_many(value, MAX_REPLICAS))
+        return value
 
     @pydantic.field_validator("devices", mode="before")
     @classmethod
@@ -117,6 +153,16 @@ class ReplicatedResources(_Model):
 class Sharing(_Model):
     time_slicing: ReplicatedResources | None = pydantic.Field(default=None, alias="timeSlicing")
     mps: ReplicatedResources | None = None
+
+    @pydantic.field_validator("mps")
+    @classmethod
+    def _mps_replicas(cls, value: ReplicatedResources | None) -> ReplicatedResources | None:
+        for i, r in enumerate(value.resources if value is not None else ()):
+            if r.replicas > MAX_MPS_REPLICAS:
+                raise ValueError(
+                    f"resources.{i}.replicas: {_too_many(r.replicas, MAX_MPS_REPLICAS, mps=True)}"
+                )
+        return value
 
     def strategy(self) -> SharingStrategy:
         if self.mps is not None and self.mps.any_replicated():
@@ -284,7 +330,12 @@ def expand_shorthand(data: dict[str, Any], source: str = "config") -> dict[str, 
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
             raise ConfigError(
                 f"{source}: sharing.{key}.replicas: expected an integer of at least 2, "
-                f"got {replicas!r}"
+                f"got {_clipped(replicas)}"
+            )
+        limit = MAX_MPS_REPLICAS if key == "mps" else MAX_REPLICAS
+        if replicas > limit:
+            raise ConfigError(
+                f"{source}: sharing.{key}.replicas: {_too_many(replicas, limit, key == 'mps')}"
             )
         section["resources"] = [{"name": DEFAULT_SHARED_RESOURCE, "replicas": replicas}]
         used.append(
@@ -315,6 +366,11 @@ def expand_shorthand(data: dict[str, Any], source: str = "config") -> dict[str, 
         "; ".join(used),
     )
     return expanded
+
+
+def _clipped(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def parse(data: Any, source: str = "config") -> PluginConfig:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +21,11 @@ _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # manifests nest about 10 levels and hold a few thousand values.
 MAX_DEPTH = 100
 MAX_VALUES = 1_000_000
+# The API server reads a JSON number as a 64-bit integer or, failing that, a 64-bit float, and
+# refuses one neither holds (Go's strconv: "value out of range"); JSON has no NaN or infinities
+# and kubectl's YAML-to-JSON conversion cannot write them. Python would read 1e999 as inf and
+# refuses integers of more than 4,300 digits with a ValueError of its own.
+FLOAT_MAX = sys.float_info.max
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _CONTAINER_EVENTS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
@@ -62,7 +69,12 @@ class _StrictLoader(_Loader):  # type: ignore[misc,valid-type]
             ) from None
 
 
-def _construct_map(loader: _StrictLoader, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+def _construct_map(loader: _StrictLoader, node: yaml.Node) -> Iterator[dict[Any, Any]]:
+    if not isinstance(node, yaml.MappingNode):
+        # `!!map [1, 2]`, `!!map 5`: raised before the first yield, inside construct_object.
+        raise yaml.constructor.ConstructorError(
+            None, None, f"!!map needs a mapping, found {_node_kind(node)}", node.start_mark
+        )
     data: dict[Any, Any] = {}
     yield data
     # Keys merged in with `<<` may be overridden; only keys written twice are duplicates.
@@ -80,7 +92,111 @@ def _construct_map(loader: _StrictLoader, node: yaml.MappingNode) -> Iterator[di
             first[(key.tag, key.value)] = line
 
 
+def _node_kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.SequenceNode):
+        return "a sequence"
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    return f"the scalar {_clip(str(node.value))!r}"
+
+
+class NumberError(ValueError):
+    """A number the API server cannot hold (out of float64's range, NaN or an infinity)."""
+
+    def __init__(self, text: str, why: str) -> None:
+        super().__init__(f"{why}; quote it if it is meant as a string")
+        self.text = text
+
+
+def _shown_number(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text):,} characters)"
+
+
+def _out_of_range(text: str) -> NumberError:
+    return NumberError(
+        text,
+        f"the number {_shown_number(text)} is out of range (the API server holds 64-bit "
+        "integers and floats, at most about 1.8e308)",
+    )
+
+
+def _not_a_number(text: str) -> NumberError:
+    return NumberError(
+        text,
+        f"{text} is not a number JSON can hold (kubectl and the API server refuse NaN and "
+        "infinities)",
+    )
+
+
+def _checked_int(text: str) -> int:
+    """A JSON integer literal within float64's range (NumberError otherwise, never Python's
+    4,300-digit ValueError)."""
+    if len(text) > 400:  # 310 digits already pass 1.8e308
+        raise _out_of_range(text)
+    value = int(text)
+    if abs(value) > FLOAT_MAX:
+        raise _out_of_range(text)
+    return value
+
+
+def _checked_float(text: str) -> float:
+    """A JSON float literal that is finite as a float64 (`1e999` is NumberError, not inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _out_of_range(text)
+    return value
+
+
+def _json_constant(text: str) -> Any:
+    raise _not_a_number(text)
+
+
+def json_loads(text: str, **hooks: Any) -> Any:
+    """json.loads that refuses numbers the API server cannot hold (NumberError)."""
+    return json.loads(
+        text,
+        parse_int=_checked_int,
+        parse_float=_checked_float,
+        parse_constant=_json_constant,
+        **hooks,
+    )
+
+
+def _number_line(text: str, literal: str) -> int:
+    """The line of a number literal in JSON text (its first occurrence outside a word)."""
+    found = re.search(rf"(?<![\w.\-+]){re.escape(literal)}(?![\w.])", text)
+    return text.count("\n", 0, found.start()) + 1 if found else 0
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.Node) -> int:
+    try:
+        value = loader.construct_yaml_int(node)
+    except ValueError as err:
+        if "digits" not in str(err):
+            raise  # not an integer at all (`!!int x`): construct_object says so
+        # More than 4,300 decimal digits: Python's int() refuses them.
+        raise _number_error(node, _out_of_range(str(node.value))) from None
+    if abs(value) > FLOAT_MAX:
+        raise _number_error(node, _out_of_range(str(node.value)))
+    return int(value)
+
+
+def _construct_float(loader: _StrictLoader, node: yaml.Node) -> float:
+    value = float(loader.construct_yaml_float(node))
+    if math.isnan(value) or (math.isinf(value) and "inf" in str(node.value).lower()):
+        raise _number_error(node, _not_a_number(str(node.value)))
+    if not math.isfinite(value):
+        raise _number_error(node, _out_of_range(str(node.value)))
+    return value
+
+
+def _number_error(node: yaml.Node, err: NumberError) -> yaml.constructor.ConstructorError:
+    return yaml.constructor.ConstructorError(None, None, str(err), node.start_mark)
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
 def _short_tag(tag: str) -> str:
@@ -208,7 +324,12 @@ def _load(text: str, source: str) -> list[tuple[Any, list[tuple[tuple[Any, ...],
                     ]
                 return obj
 
-            doc = json.loads(text, object_pairs_hook=pairs)
+            try:
+                doc = json_loads(text, object_pairs_hook=pairs)
+            except NumberError as err:
+                line = _number_line(text, err.text)
+                where = f" at line {line}" if line else ""
+                raise ManifestError(f"{source}: not valid JSON{where}: {err}") from None
             found = _measure(doc, source, 1, json_dupes)
             out.append((doc, [(loc, "duplicate field") for loc, _ in found]))
             return out
@@ -306,18 +427,17 @@ def read_documents(source: str) -> list[Document]:
 
 def load_one(source: str | Path) -> Any:
     """The one YAML or JSON document of a configuration file (None when it is empty)."""
-    text = _read_text(source)
-    try:
-        if text.lstrip().startswith("{"):
-            return json.loads(text)
-        return yaml.load(text, Loader=_Loader)
-    except json.JSONDecodeError as err:
-        raise ManifestError(f"{source}: not valid JSON: {err.msg} at line {err.lineno}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ManifestError(f"{source}: not valid YAML{where}: {problem}") from None
+    return load_text(_read_text(source), str(source))
+
+
+def load_text(text: str, source: str) -> Any:
+    """The one YAML or JSON document of a configuration text (None when it is empty), read
+    with the limits and checks of `parse` (nesting, alias expansion, tags, numbers); duplicate
+    keys are not reported (the last one wins, as in the tools that read these files)."""
+    documents = _load(text, source)
+    if len(documents) > 1:
+        raise ManifestError(f"{source}: expected one document, found {len(documents)}")
+    return documents[0][0] if documents else None
 
 
 def field_errors(err: pydantic.ValidationError) -> str:

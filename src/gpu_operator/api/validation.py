@@ -124,6 +124,15 @@ def _schema_errors(err: ValidationError) -> list[Problem]:
     return problems
 
 
+# kubectl asks for strict field validation by default (--validate=strict), which makes the API
+# server refuse an unknown field; any other request has it dropped with a warning.
+UNKNOWN_CONSEQUENCE = (
+    "kubectl rejects the object (strict field validation, its default); with kubectl "
+    "--validate=false, or a client that does not ask for strict validation, the API server "
+    "drops the field"
+)
+
+
 def _walk_unknown(raw: Any, info: TypeInfo, path: str) -> Iterator[Problem]:
     if info.kind == "model" and isinstance(raw, dict):
         assert info.model is not None
@@ -133,7 +142,7 @@ def _walk_unknown(raw: Any, info: TypeInfo, path: str) -> Iterator[Problem]:
             if key not in known:
                 close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
                 hint = f' (did you mean "{close[0]}"?)' if close else ""
-                yield Problem(sub, f"unknown field, the API server will drop it{hint}")
+                yield Problem(sub, f"unknown field{hint}: {UNKNOWN_CONSEQUENCE}")
                 continue
             model_field = info.model.model_fields[known[key]]
             sub_info = describe(model_field.annotation, list(model_field.metadata))
@@ -660,6 +669,43 @@ def _without_bad_fields(
         except ValidationError as again:
             err = again
     return None
+
+
+def kind_suggestion(doc: Any) -> str | None:
+    """What to write instead of a document that is of no GPU operator kind but looks meant as one
+    (a kind spelled like ours, or an nvidia.com API group), e.g. the `GPUClusterPolicy`
+    `gpu.nvidia.com/v1` of widely copied guides; None for other documents."""
+    if not isinstance(doc, dict):
+        return None
+    kind = str(doc.get("kind") or "")
+    api_version = str(doc.get("apiVersion") or "")
+    if kind in KINDS:
+        return None
+    wanted = difflib.get_close_matches(kind, list(KINDS), n=1, cutoff=0.6)
+    wanted = wanted or [known for known in KINDS if kind and known.lower() in kind.lower()]
+    shown = f"{api_version or '<no apiVersion>'} {kind or '<no kind>'}"
+    if not wanted:
+        if not api_version.rpartition("/")[0].endswith("nvidia.com"):
+            return None
+        return (
+            f"{shown} is not a kind of the GPU operator, whose kinds are ClusterPolicy "
+            f"({KINDS['ClusterPolicy'].model_fields['apiVersion'].default}) and NVIDIADriver "
+            f"({KINDS['NVIDIADriver'].model_fields['apiVersion'].default})"
+        )
+    model = KINDS[wanted[0]]
+    suggestion = (
+        f'{shown} is not a kind of the GPU operator (kubectl answers "no matches for '
+        f'kind"): did you mean {wanted[0]} ({model.model_fields["apiVersion"].default})?'
+    )
+    spec_fields = wire_names(ClusterPolicySpec if model is ClusterPolicy else NVIDIADriverSpec)
+    stray = [str(key) for key in doc if key in spec_fields]
+    if stray:
+        suggestion += (
+            f" {', '.join(stray)} at the top level of the document "
+            f"{'is a spec field' if len(stray) == 1 else 'are spec fields'}: indent "
+            f"{'it' if len(stray) == 1 else 'them'} under spec"
+        )
+    return suggestion
 
 
 def check_document(doc: dict[str, Any]) -> Checked:

@@ -9,13 +9,14 @@ the nodes still being labelled as not ready.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpu_operator import api
+from gpu_operator import api, validate_refs
 from gpu_operator.api import crds as crd_schema
 from gpu_operator.api import enablement, keys
 from gpu_operator.controller import drift, strip
@@ -26,15 +27,18 @@ from gpu_operator.controller.metrics import (
     STATUS_NOT_READY,
     STATUS_READY,
 )
+from gpu_operator.controller.node_verdicts import NodeVerdicts
 from gpu_operator.controller.nodelabels import NodeLabels
 from gpu_operator.controller.runtime import OWNED_KINDS, Reconciler, Request, Runtime, Watch
 from gpu_operator.kube import resources
 from gpu_operator.kube.errors import describe
 from gpu_operator.kube.writer import needs_write
 from gpu_operator.nodes import coexist, gate, labelling
-from gpu_operator.operands import readiness, registry
+from gpu_operator.operands import config_manager, dcgm_exporter, device_plugin, readiness, registry
 from gpu_operator.operands.facts import ClusterFacts
-from gpu_operator.status import coalesce, conditions, explain, summary
+from gpu_operator.status import coalesce, conditions, explain, rollout, summary
+from gpu_operator.upgrade import snapshot as upgrade_snapshot
+from gpu_operator.upgrade import states as upgrade_states
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +146,31 @@ class ClusterPolicyReconciler(Reconciler):
         self.active_uid: str | None = None
         self._last_state_outcomes: dict[str, str] = {}
         self._last_failures: dict[str, str] = {}
+        # Messages of the ConfigMap problems and notes already recorded as Events.
+        self._reported: set[str] = set()
         self._psa_labelled = False
         self._write_errors: list[BaseException] = []
         self._edit_events: list[tuple[dict[str, Any], str]] = []
+        # What was last recorded as an Event, so that a repeated pass does not record it again:
+        # hand edits per object, the outdated CRDs.
+        self._edits_reported: dict[tuple[str, str, str, str], str] = {}
+        self._crds_reported = ""
+        self._upgrades_enabled: dict[str, tuple[str, bool]] = {}
         # JSON patches removing what a hand edit added, sent before the DaemonSet's apply.
         self._restore_patches: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+        # The last drift comparison per DaemonSet: (the cached live object, our view, the
+        # differences). The cache replaces a live object on every change, so an unchanged one
+        # compared with an equal view gives the same differences without walking them again.
+        self._drift_seen: dict[
+            tuple[str, str, str, str], tuple[dict[str, Any], drift.View, list[drift.Change]]
+        ] = {}
         nodes.on_settled = self._poke
         # Most watch events ask for the same debounced pass: one shared answer.
         self._debounced = (Request(POLICY_KEY, rt.settings.status_debounce),)
+        self._debounce = rt.settings.status_debounce
         self._status_writes = coalesce.StatusWrites(rt.settings.status_write_interval)
+        # The node chain's verdicts the status's worst node comes from, per node (memoized).
+        self._verdicts = NodeVerdicts()
 
     # ----- events ------------------------------------------------------------------------------
 
@@ -171,7 +191,7 @@ class ClusterPolicyReconciler(Reconciler):
         return [Request(POLICY_KEY)]
 
     def _poke(self) -> None:
-        self.rt.enqueue(POLICY_KEY, self.rt.settings.status_debounce)
+        self.rt.enqueue(POLICY_KEY, self._debounce)
 
     def _on_policy(self, key: str, old: Any, new: Any) -> list[Request]:
         if old is not None and new is not None:
@@ -226,6 +246,26 @@ class ClusterPolicyReconciler(Reconciler):
             writes.wrote(name, status, time.monotonic())
 
     async def reconcile(self, key: str) -> None:
+        """One pass (below); the debounce of the passes watch events ask for follows its cost."""
+        started = time.monotonic()
+        try:
+            await self._reconcile()
+        finally:
+            self._space_passes(time.monotonic() - started)
+
+    def _space_passes(self, took: float) -> None:
+        """Debounce the event-driven passes by at least the last pass's duration (at most the
+        status write window): a pass reads every node and pod, so at thousands of nodes passes
+        asked for back to back by a rollout's events would keep a core busy; the status is
+        written at most once per window anyway (status/coalesce.py). A small cluster keeps the
+        configured debounce. Changes to the ClusterPolicy itself are still reconciled at once."""
+        settings = self.rt.settings
+        spacing = max(settings.status_debounce, min(took, settings.status_write_interval))
+        if spacing != self._debounce:
+            self._debounce = spacing
+            self._debounced = (Request(POLICY_KEY, spacing),)
+
+    async def _reconcile(self) -> None:
         """Render, apply, prune and report for the active ClusterPolicy."""
         self.metrics.total.inc()
         namespace = self.rt.settings.namespace
@@ -253,10 +293,14 @@ class ClusterPolicyReconciler(Reconciler):
             message = "; ".join(schema.message for schema in outdated)
             log.error("refusing to reconcile: %s", message)
             before = (active.get("status") or {}).get("conditions") or []
-            if not any(c.get("reason") == conditions.CRD_OUTDATED for c in before):
+            # Not again while the status written for it has not come back from the watch (or
+            # waits for its write window), nor after a restart when the status already says it.
+            said = any(c.get("reason") == conditions.CRD_OUTDATED for c in before)
+            if not said and self._crds_reported != message:
                 await writer.event(
                     active, reason=conditions.CRD_OUTDATED, type_="Warning", message=message
                 )
+            self._crds_reported = message
             await self._patch_status(
                 active,
                 summary.refused(
@@ -266,6 +310,7 @@ class ClusterPolicyReconciler(Reconciler):
             )  # fmt: skip
             self.metrics.status.set(STATUS_ERROR)
             return
+        self._crds_reported = ""
         too_deep = active.get(strip.TOO_DEEP)
         checked = api.check_document(active)
         if too_deep or not checked.ok or not isinstance(checked.obj, api.ClusterPolicy):
@@ -295,16 +340,31 @@ class ClusterPolicyReconciler(Reconciler):
         facts = self.cluster_facts()
         self._write_errors = []
         self._edit_events = []
-        reports = await self._sync_states(policy, active, facts)
+        refs = validate_refs.check_facts(policy, facts)
+        notes = policy_notes(refs, dcgm_exporter.service_monitor_skipped(policy, facts))
+        reports = await self._sync_states(policy, active, facts, refs.blocked)
+        reports = with_notes(reports, notes)
+        # Once per edit: a pass that reads the edited object again before the restore comes
+        # back from the watch, or that is retried after a rejected write, finds the same edit.
+        edits_reported: dict[tuple[str, str, str, str], str] = {}
         for edited, message in self._edit_events:
-            await writer.event(edited, reason="HandEditReverted", type_="Warning", message=message)
+            edits_reported[ref(edited)] = message
+            if self._edits_reported.get(ref(edited)) != message:
+                await writer.event(
+                    edited, reason="HandEditReverted", type_="Warning", message=message
+                )
+        self._edits_reported = edits_reported
         if pending:
-            shown = ", ".join(pending[:3]) + (
-                f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+            shown = labelling.pending_message(*self._by_gpu(pending))
+            relabel = rollout.Workload(
+                "node-labelling", shown, labelling=True,
+                issues=tuple(rollout.Issue(n, "labelling") for n in pending),
+            )  # fmt: skip
+            judged = rollout.judge([relabel], self.upgrade_view(every_owner=True))
+            labels_report = summary.StateReport(
+                "node-labelling", "notReady", shown, planned=judged.planned, driver=judged.upgrade
             )
-            reports.insert(
-                0, summary.StateReport("node-labelling", "notReady", f"labelling {shown}")
-            )
+            reports.insert(0, labels_report)
         status = summary.build(
             reports,
             summary.ClusterView(
@@ -315,6 +375,7 @@ class ClusterPolicyReconciler(Reconciler):
                 coexistence=coexist.summary(self.nodes.coexist_findings),
                 worst_node=self.worst_node(policy),
                 startup_gate=gate.waiting_summary(self.nodes.gate_waiting()),
+                notes=tuple(finding.message for _, finding in notes),
             ),
             namespace=namespace,
             now=now(),
@@ -322,6 +383,7 @@ class ClusterPolicyReconciler(Reconciler):
             previous=active.get("status"),
         )
         await self._report_transitions(active, reports)
+        await self._report_findings(active, [*refs.problems, *(f for _, f in notes)])
         await self._patch_status(active, status)
         ready = status["state"] == "ready"
         self.metrics.status.set(STATUS_READY if ready else STATUS_NOT_READY)
@@ -341,30 +403,19 @@ class ClusterPolicyReconciler(Reconciler):
         """The node chain's verdict for the GPU node furthest from usable, from the caches
         alone (no capacity, no logs: status/explain.py skips what it cannot know)."""
         spec = policy.spec
+        sandbox = spec.sandboxWorkloads
         view = explain.PolicyView(
             driver=enablement.is_enabled(spec, "driver"),
             toolkit=enablement.is_enabled(spec, "toolkit"),
             device_plugin=enablement.is_enabled(spec, "devicePlugin"),
+            mig_manager=enablement.is_enabled(spec, "migManager"),
+            sandbox_workloads=enablement.sandbox_enabled(spec),
+            default_workload=sandbox.defaultWorkload if sandbox else keys.WORKLOAD_CONTAINER,
         )
-        by_node: dict[str, list[explain.PodView]] = {}
-        for pod in self.caches[PODS].objects.values():
-            problem = pod.problem[1] if pod.problem else None
-            by_node.setdefault(pod.node, []).append(
-                explain.PodView(pod.name, pod.app or "", problem, component=pod.component or "")
-            )
-        verdicts = []
-        for node in self.caches[NODES].objects.values():
-            meta = node.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            if labels.get(keys.GPU_PRESENT) != "true":
-                continue
-            name = str(meta.get("name"))
-            facts = explain.NodeFacts(
-                name=name, labels=labels, annotations=meta.get("annotations") or {},
-                has_nfd=bool(node.get("nfd")), pods=by_node.get(name, ()), policy=view,
-            )  # fmt: skip
-            verdicts.append(explain.explain(facts))
-        worst = explain.worst(verdicts)
+        # Walked again only for the nodes whose node object, pods or policy view changed.
+        worst = self._verdicts.worst(
+            self.caches[NODES].objects.values(), self.caches[PODS].objects.values(), view
+        )
         return worst.message() if worst is not None else ""
 
     def preinstalled_drivers(self) -> tuple[str, ...]:
@@ -392,7 +443,11 @@ class ClusterPolicyReconciler(Reconciler):
         }
 
     async def _sync_states(
-        self, policy: api.ClusterPolicy, active: dict[str, Any], facts: ClusterFacts
+        self,
+        policy: api.ClusterPolicy,
+        active: dict[str, Any],
+        facts: ClusterFacts,
+        blocked: Mapping[str, str],
     ) -> list[summary.StateReport]:
         owner = self._owner_reference(active)
         reports: list[summary.StateReport] = []
@@ -402,6 +457,16 @@ class ClusterPolicyReconciler(Reconciler):
         self._restore_patches = {}
         daemonsets: dict[str, list[dict[str, Any]]] = {}
         for state in registry.render_all(policy, facts):
+            if state.enabled and state.name in blocked:
+                # A ConfigMap it mounts is missing or lacks a key (validate_refs): what runs
+                # keeps running, nothing new rolls out until the user fixes it.
+                keep_states.add(state.name)
+                waiting = blocked[state.name]
+                if facts.gpu_node_count == 0:
+                    waiting = f"nothing to deploy without GPU nodes ({waiting})"
+                outcome: summary.StateOutcome = "ready" if facts.gpu_node_count == 0 else "notReady"
+                reports.append(summary.StateReport(state.name, outcome, waiting))
+                continue
             if state.error is not None:
                 keep_states.add(state.name)  # a failed render never deletes what runs
                 if facts.gpu_node_count == 0:
@@ -431,6 +496,8 @@ class ClusterPolicyReconciler(Reconciler):
                 if obj.get("kind") == "DaemonSet":
                     daemonsets.setdefault(state.name, []).append(obj)
             reports.append(summary.StateReport(state.name, "ready"))
+        # Written over an existing object: a new spec rolling out, not an install.
+        updated = {ref(obj) for _, obj in to_write if self.caches.live(obj) is not None}
         for _, obj in to_write:
             log.debug("applying %s %s", obj.get("kind"), ref(obj)[3])
         results = await asyncio.gather(
@@ -458,12 +525,24 @@ class ClusterPolicyReconciler(Reconciler):
         by_owner = index_by_owner(
             self.caches[PODS].objects.values(), self.caches[REVISIONS].objects.values()
         )
-        return [self._readiness(r, daemonsets.get(r.name, []), written, by_owner) for r in reports]
+        own, every = self.upgrade_view(), self.upgrade_view(every_owner=True)
+        judged = []
+        for r in reports:
+            upgrade = own if r.name == DRIVER_STATE else every
+            owned = daemonsets.get(r.name, [])
+            judged.append(self._readiness(r, owned, written, updated, by_owner, upgrade))
+        return judged
 
     def _hand_edited(self, desired: dict[str, Any], live: dict[str, Any]) -> bool:
         """Whether someone changed fields we render on a live DaemonSet (our hash annotation is
         unchanged then); records a Warning Event naming the fields and who changed them."""
-        diffs = drift.differences(drift.view(desired), live.get("drift"))
+        wanted = drift.view(desired)
+        seen = self._drift_seen.get(ref(desired))
+        if seen is not None and seen[0] is live and seen[1] == wanted:
+            diffs = seen[2]
+        else:
+            diffs = drift.differences(wanted, live.get("drift"))
+            self._drift_seen[ref(desired)] = (live, wanted, diffs)
         if not diffs:
             return False
         editors = live.get("editors") or []
@@ -488,32 +567,64 @@ class ClusterPolicyReconciler(Reconciler):
             return
         await self.rt.write(obj)
 
+    def upgrade_view(self, *, every_owner: bool = False) -> rollout.Upgrade:
+        """Where the nodes of the policy's own driver stand in the driver upgrade; with
+        `every_owner`, every node's (NVIDIADrivers' upgrades restart operands too)."""
+        active = self.active_policy()
+        enabled = active is not None and upgrades_enabled(active, self._upgrades_enabled)
+        return upgrade_view(
+            self.caches[NODES].objects.values(), owner=None, enabled=enabled,
+            every_owner=every_owner,
+        )  # fmt: skip
+
+    def _by_gpu(self, names: Iterable[str]) -> tuple[list[str], list[str]]:
+        """The nodes NFD found an NVIDIA GPU on, and the others (from the node cache)."""
+        gpu: list[str] = []
+        other: list[str] = []
+        for name in names:
+            node = self.caches[NODES].objects.get(name) or {}
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            (gpu if labelling.has_gpu(labels) else other).append(name)
+        return gpu, other
+
     def _readiness(
         self,
         report: summary.StateReport,
         daemonsets: list[dict[str, Any]],
         written: set[tuple[str, str, str, str]],
+        updated: set[tuple[str, str, str, str]],
         by_owner: dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]],
+        upgrade: rollout.Upgrade,
     ) -> summary.StateReport:
+        """A ready state's readiness from its DaemonSets' pods, judged against planned work
+        (status/rollout.py): a driver upgrade or a new spec rolling out is not an error."""
         if report.outcome != "ready":
             return report
-        problems: list[str] = []
+        driver = report.name == DRIVER_STATE
+        workloads: list[rollout.Workload] = []
         for ds in daemonsets:
             name = ds["metadata"]["name"]
             if ref(ds) in written:
-                problems.append(f"{name}: rolling out the new spec")
+                workloads.append(rollout.Workload(
+                    name, f"{name}: rolling out the new spec", updating=ref(ds) in updated,
+                    driver=driver,
+                ))  # fmt: skip
                 continue
             live = self.caches.live(ds)
             if live is None:
-                problems.append(f"{name}: not created yet")
+                workloads.append(rollout.Workload(name, f"{name}: not created yet", driver=driver))
                 continue
             pods, revisions = by_owner.get(str(live["metadata"].get("uid")), ([], []))
             verdict = readiness.daemonset_readiness(live, pods, revisions)
             if not verdict.ready:
-                problems.append(verdict.reason or f"{name}: not ready")
-        if problems:
-            return summary.StateReport(report.name, "notReady", "; ".join(problems))
-        return report
+                workloads.append(workload(live, verdict, pods, revisions, driver=driver))
+        judged = rollout.judge(workloads, upgrade, driver=driver)
+        if judged.kind == "ready":
+            return report
+        return summary.StateReport(
+            report.name, "notReady", judged.message, planned=judged.planned,
+            driver=judged.upgrade,
+        )  # fmt: skip
 
     async def _prune(
         self, desired: set[tuple[str, str, str, str]], keep_states: set[str], *, crd_mode: bool
@@ -542,9 +653,16 @@ class ClusterPolicyReconciler(Reconciler):
     async def _report_transitions(
         self, active: dict[str, Any], reports: list[summary.StateReport]
     ) -> None:
+        """A Warning Event for each new failure of a state; a StateReady Event when a state
+        that was not ready is ready again. While planned work goes on (a driver upgrade flaps
+        the validator on every node it upgrades), a state turning ready again is announced
+        once that work is over: one Event per state and rollout, not one per node or pass."""
         writer = self.rt.writer
+        planned = summary.in_progress(reports)
         for report in reports:
             before = self._last_state_outcomes.get(report.name)
+            if planned and report.outcome == "ready" and before in ("notReady", "failed"):
+                continue  # still remembered as not ready: announced when the work is over
             self._last_state_outcomes[report.name] = report.outcome
             if report.outcome == "failed":
                 # Every new reason is news, also on the first pass (e.g. a bad ConfigMap that was
@@ -564,6 +682,145 @@ class ClusterPolicyReconciler(Reconciler):
             if report.outcome == "ready" and before in ("notReady", "failed"):
                 await writer.event(active, reason="StateReady", message=f"{report.name} is ready")
 
+    async def _report_findings(
+        self, active: dict[str, Any], findings: list[validate_refs.Finding]
+    ) -> None:
+        """One Event per ConfigMap problem or note, when it first shows: not again on later
+        passes, nor after a restart when the status already says it; again if it comes back."""
+        previous = active.get("status") or {}
+        shown = "\n".join(
+            str(item.get("message") or "")
+            for key in ("states", "conditions")
+            for item in previous.get(key) or []
+            if isinstance(item, dict)
+        )
+        current: set[str] = set()
+        for finding in findings:
+            current.add(finding.message)
+            if finding.message in self._reported or finding.message in shown:
+                continue
+            await self.rt.writer.event(
+                active,
+                reason=finding.reason,
+                type_="Warning" if finding.warning else "Normal",
+                message=finding.message,
+            )
+        self._reported = current
+
+
+def policy_notes(
+    refs: validate_refs.FactsReport, monitor: dcgm_exporter.MonitorSkipped | None
+) -> list[tuple[str, validate_refs.Finding]]:
+    """What the status says without holding a state back, by the state it concerns: a
+    device-plugin ConfigMap no node uses, a ServiceMonitor without its CRD."""
+    notes = [(device_plugin.NAME, finding) for finding in refs.notes]
+    if monitor is not None:
+        finding = validate_refs.Finding(
+            "ServiceMonitorSkipped", monitor.message, warning=monitor.explicit
+        )
+        notes.append((dcgm_exporter.NAME, finding))
+    return notes
+
+
+def with_notes(
+    reports: list[summary.StateReport], notes: list[tuple[str, validate_refs.Finding]]
+) -> list[summary.StateReport]:
+    """A ready state with nothing else to say says its notes."""
+    by_state: dict[str, list[str]] = {}
+    for state, finding in notes:
+        by_state.setdefault(state, []).append(finding.message)
+    return [
+        dataclasses.replace(r, message="; ".join(by_state[r.name]))
+        if r.outcome == "ready" and not r.message and r.name in by_state
+        else r
+        for r in reports
+    ]
+
+
+DRIVER_STATE = "state-driver"
+
+
+def workload(
+    live: Mapping[str, Any],
+    verdict: readiness.Readiness,
+    pods: list[readiness.PodSummary],
+    revisions: list[dict[str, Any]],
+    *,
+    driver: bool,
+) -> rollout.Workload:
+    """A not-ready DaemonSet as status/rollout.py judges it: whether a new spec of it is rolling
+    out (it was updated, not created: generation above 1, and its controller has not caught up
+    or, rolling updates, pods of the older template remain) and its pods' problems."""
+    name = str(live["metadata"].get("name"))
+    status = live.get("status") or {}
+    generation = int(live["metadata"].get("generation") or 0)
+    strategy = ((live.get("spec") or {}).get("updateStrategy") or {}).get("type", "RollingUpdate")
+    lagging = int(status.get("observedGeneration") or 0) < generation or (
+        strategy != "OnDelete" and int(status.get("updatedNumberScheduled") or 0) < verdict.desired
+    )
+    issues = tuple(
+        rollout.Issue(
+            node=issue.pod.node or issue.pod.name,
+            text=issue.text,
+            reasons=issue.pod.reasons,
+            restarts=issue.pod.restarts,
+            outdated=issue.outdated,
+        )
+        for issue in readiness.pod_issues(dict(live), pods, revisions)
+    )
+    return rollout.Workload(
+        name, verdict.reason or f"{name}: not ready", updating=generation > 1 and lagging,
+        issues=issues, driver=driver,
+    )  # fmt: skip
+
+
+def upgrades_enabled(obj: Mapping[str, Any], memo: dict[str, tuple[str, bool]]) -> bool:
+    """Whether the driver upgrades of a ClusterPolicy or NVIDIADriver run (autoUpgrade on, its
+    upgrade policy usable), as the upgrade planner reads it; once per resourceVersion."""
+    meta = obj.get("metadata") or {}
+    key = str(meta.get("uid") or meta.get("name"))
+    version = str(meta.get("resourceVersion") or "")
+    found = memo.get(key)
+    if found is None or found[0] != version:
+        policy = upgrade_snapshot.owner_from(dict(obj)).policy
+        found = (version, policy.auto_upgrade and policy.error is None)
+        memo[key] = found
+    return found[1]
+
+
+def upgrade_view(
+    nodes: Iterable[Mapping[str, Any]],
+    *,
+    owner: str | None,
+    enabled: bool,
+    every_owner: bool = False,
+) -> rollout.Upgrade:
+    """Where the driver nodes of one owner stand in the upgrade, from their state labels: the
+    ClusterPolicy's (`owner` None: nodes without an NVIDIADriver owner label) or one
+    NVIDIADriver's; with `every_owner`, every node (the ClusterPolicy's other operands restart
+    on a node whose driver is replaced, whichever owns it). Nodes labelled to skip upgrades are
+    set apart (upstream's status leaves them out). `enabled`: the owner's upgrades run
+    (autoUpgrade on, a usable upgrade policy)."""
+    found: dict[str, str] = {}
+    failures: dict[str, str] = {}
+    skipped: set[str] = set()
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if not every_owner and (labels.get(keys.DRIVER_OWNER) or None) != owner:
+            continue
+        name = str(meta.get("name"))
+        if labels.get(keys.UPGRADE_SKIP) == "true":
+            skipped.add(name)
+            continue
+        state = labels.get(keys.UPGRADE_STATE)
+        if not state:
+            continue
+        found[name] = str(state)
+        if state == upgrade_states.UPGRADE_FAILED:
+            failures[name] = str((meta.get("annotations") or {}).get(upgrade_states.FAILURE, ""))
+    return rollout.Upgrade(found, failures, enabled=enabled, skipped=frozenset(skipped))
+
 
 class WriteFailed(Exception):
     """Some of a pass's writes were rejected; the status already says which (retried)."""
@@ -582,6 +839,12 @@ def _facts_input(node: dict[str, Any] | None) -> tuple[Any, ...]:
         labels.get(keys.NFD_KERNEL_FULL),
         facts_mod.runtime_of(node),
         labels.get(keys.DEPLOY_DRIVER),  # a preinstalled driver shows in the status
+        # The status says where the driver upgrade stands, and why a node failed it.
+        labels.get(keys.UPGRADE_STATE),
+        labels.get(keys.UPGRADE_SKIP),
+        labels.get(keys.DRIVER_OWNER),
+        ((node.get("metadata") or {}).get("annotations") or {}).get(upgrade_states.FAILURE),
+        labels.get(config_manager.NODE_LABEL),  # which device-plugin config nodes use
         # The status names the nodes at the readiness gate: a taint removed changes it.
         tuple((t.get("key"), t.get("effect")) for t in node.get("taints") or ()),
         (node.get("status") or {}).get("gpuAllocatable") if node.get("taints") else None,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gpu_operator import http_endpoint
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -25,43 +26,33 @@ def parse_address(address: str) -> tuple[str, int]:
 Check = Callable[[], "bool | tuple[bool, str]"]
 
 
-def _answer(check: Check, failed: str) -> web.Response:
+def _answer(check: Check, failed: str) -> http_endpoint.Answer:
     result = check()
     ok, why = result if isinstance(result, tuple) else (result, "ok" if result else failed)
-    return web.Response(text=why) if ok else web.Response(status=503, text=why)
+    return 200 if ok else 503, http_endpoint.TEXT, why.encode()
 
 
-def health_app(ready: Check, live: Check | None = None) -> web.Application:
+def health_routes(ready: Check, live: Check | None = None) -> http_endpoint.Respond:
     """/readyz from `ready`, /healthz from `live` (always ok without one); each check returns
     a verdict or (verdict, reason), and the reason is the response body."""
 
-    async def healthz(_: web.Request) -> web.Response:
-        return _answer(live, "not live") if live is not None else web.Response(text="ok")
+    def healthz() -> http_endpoint.Answer:
+        return _answer(live, "not live") if live is not None else (200, http_endpoint.TEXT, b"ok")
 
-    async def readyz(_: web.Request) -> web.Response:
-        return _answer(ready, "not ready")
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
+    return http_endpoint.routes(
+        {"/healthz": healthz, "/readyz": lambda: _answer(ready, "not ready")}
+    )
 
 
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app
+def metrics_routes(registry: CollectorRegistry) -> http_endpoint.Respond:
+    """/metrics: the registry in Prometheus' text format."""
+    return http_endpoint.routes(
+        {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry))}
+    )
 
 
-async def serve(app: web.Application, address: str) -> web.AppRunner:
-    """Start serving `app` on `address`; the caller cleans the runner up."""
+async def serve(respond: http_endpoint.Respond, address: str, what: str) -> http_endpoint.Endpoint:
+    """Start serving `respond` on `address` (with the connection limits of every endpoint of
+    ours); the caller closes the returned endpoint."""
     host, port = parse_address(address)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner
+    return await http_endpoint.start(respond, host, port, what=what)

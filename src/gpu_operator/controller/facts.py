@@ -8,6 +8,7 @@ from typing import Any
 
 from gpu_operator.api import keys
 from gpu_operator.nodes import labelling
+from gpu_operator.operands import config_manager
 from gpu_operator.operands.facts import ClusterFacts, Runtime
 
 
@@ -33,8 +34,10 @@ def from_nodes(
     config_map_data: Mapping[str, Mapping[str, str]] | None = None,
     startup_toleration: Mapping[str, str] | None = None,
 ) -> ClusterFacts:
-    """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels."""
+    """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels, and
+    the device-plugin config labels of GPU nodes."""
     gpu_nodes = 0
+    plugin_configs: Counter[str] = Counter()
     nfd = False
     os_seen: Counter[tuple[str, str]] = Counter()
     runtimes: set[str] = set()
@@ -54,6 +57,8 @@ def from_nodes(
             runtimes.add(node_runtime)
         if labels.get(keys.NFD_KERNEL_FULL):
             kernels.add(labels[keys.NFD_KERNEL_FULL])
+        if labels.get(config_manager.NODE_LABEL):
+            plugin_configs[labels[config_manager.NODE_LABEL]] += 1
     # Upstream reads the OS of "one GPU node"; the most common one is the stable choice.
     os_id, os_version = os_seen.most_common(1)[0][0] if os_seen else (None, None)
     runtime: Runtime = "containerd"
@@ -74,4 +79,5 @@ def from_nodes(
         config_map_keys=dict(config_map_keys or {}),
         config_map_data=dict(config_map_data or {}),
         startup_toleration=startup_toleration,
+        plugin_config_labels=dict(plugin_configs),
     )

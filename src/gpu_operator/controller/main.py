@@ -59,15 +59,20 @@ async def run(
             status_write_interval=status_write_interval,
         ),
     )
-    runners = [
+    listeners = [
         await endpoints.serve(
-            endpoints.health_app(
+            endpoints.health_routes(
                 lambda: health.readiness(operator.runtime),
                 lambda: health.liveness(operator.runtime),
             ),
             health_address,
+            "operator health endpoint",
         ),
-        await endpoints.serve(endpoints.metrics_app(operator.metrics.registry), metrics_address),
+        await endpoints.serve(
+            endpoints.metrics_routes(operator.metrics.registry),
+            metrics_address,
+            "operator metrics endpoint",
+        ),
     ]
     task = asyncio.create_task(operator.run())
     loop = asyncio.get_running_loop()
@@ -80,6 +85,6 @@ async def run(
     except asyncio.CancelledError:
         log.info("shutting down")
     finally:
-        for runner in runners:
-            await runner.cleanup()
+        for listener in listeners:
+            await listener.aclose()
         await client.close()

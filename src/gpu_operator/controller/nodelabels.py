@@ -8,12 +8,14 @@ ClusterPolicy it removes the labels the operator wrote and nothing else.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.api import keys
 from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch
 from gpu_operator.nodes import coexist, gate, labelling, ledger
+from gpu_operator.operands import device_plugin
 
 if TYPE_CHECKING:
     from gpu_operator.controller.coexist_sources import CoexistSources
@@ -26,6 +28,9 @@ NODES = "nodes"
 PODS = "pods"
 # The validator DaemonSet's pods (app label): Ready once every link of the node's chain passed.
 VALIDATOR_APP = "nvidia-operator-validator"
+# The device plugin DaemonSet's pods (app label): GPUs a node serves while one is there are ours.
+PLUGIN_APP = device_plugin.DS_NAME
+PLUGIN_LABEL = keys.DEPLOY_PREFIX + coexist.DEVICE_PLUGIN
 # How soon a node held back for the coexistence sources is looked at again.
 HOLD_RETRY = 0.5
 
@@ -51,6 +56,10 @@ class NodeLabels(Reconciler):
         self.coexist_findings: dict[str, list[coexist.Finding]] = {}
         self._coexist_adapted: set[str] = set()
         self._reported_coexist: set[tuple[str, str, str]] = set()
+        # Per node, the pods of our device plugin on it (pod cache keys), and since when (monotonic)
+        # it has served GPUs with none of our plugin in sight (coexist.Outcome.unexplained).
+        self._plugin_pods: dict[str, set[str]] = {}
+        self._unexplained_since: dict[str, float] = {}
         # NodeFeatures and DRA ResourceSlices (controller/coexist_sources.py), set by the
         # operator; None: the detector reads node facts only.
         self.sources: CoexistSources | None = None
@@ -66,7 +75,7 @@ class NodeLabels(Reconciler):
         return f"{NODE_PREFIX}/{name}"
 
     def watches(self) -> list[Watch]:
-        found = [Watch(NODES, self._on_node)]
+        found = [Watch(NODES, self._on_node), Watch(PODS, self._on_plugin_pod)]
         if self.rt.settings.startup_taint is not None:
             # A validator pod turning Ready is what lets the gate open on its node.
             found.append(Watch(PODS, self._on_validator))
@@ -79,6 +88,28 @@ class NodeLabels(Reconciler):
         if old is not None and new is not None and old.problem == new.problem:
             return []
         return [Request(self.key(pod.node))]
+
+    def _on_plugin_pod(self, key: str, old: Any, new: Any) -> list[Request]:
+        """Index our device plugin's pods by node; a node that gains or loses one while our
+        plugin is not deployed there is planned again (the detector reads them)."""
+        before = old.node if old is not None and old.app == PLUGIN_APP else ""
+        after = new.node if new is not None and new.app == PLUGIN_APP else ""
+        if before == after:
+            return []
+        if before:
+            held = self._plugin_pods.get(before, set())
+            held.discard(key)
+            if not held:
+                self._plugin_pods.pop(before, None)
+        if after:
+            self._plugin_pods.setdefault(after, set()).add(key)
+        requests = []
+        for name in (before, after):
+            node = self.nodes.get(name) if name else None
+            labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+            if node is not None and labels.get(PLUGIN_LABEL) != "true":
+                requests.append(Request(self.key(name)))
+        return requests
 
     def initial(self) -> list[Request]:
         self.pending.update(self.nodes.objects)
@@ -117,6 +148,7 @@ class NodeLabels(Reconciler):
             if self.coexist_findings.pop(name, None):
                 self.on_settled()
             self._coexist_adapted.discard(name)
+            self._unexplained_since.pop(name, None)
             self._settled(name)
             return
         meta = node.get("metadata") or {}
@@ -139,6 +171,11 @@ class NodeLabels(Reconciler):
             if outcome is None:
                 # A source the detector needs has not answered yet (coexist_sources.WAIT).
                 self.rt.enqueue(self.key(name), after=HOLD_RETRY)
+                return
+            if outcome.wait > 0:
+                # GPUs served with none of our plugin in sight, not for long yet: the kubelet
+                # may not have reported our plugin's departure (coexist.CONFIRM_AFTER).
+                self.rt.enqueue(self.key(name), after=outcome.wait)
                 return
             plan = labelling.plan_node(
                 labels, annotations, self.label_policy, owner,
@@ -237,6 +274,7 @@ class NodeLabels(Reconciler):
         if not labelling.has_gpu(labels):
             if self.sources is not None:
                 self.sources.forget(name)
+            self._unexplained_since.pop(name, None)
             return coexist.Outcome()
         owned = ledger.read(meta.get("annotations") or {})
         # Once the operator deployed its driver here, a loaded module is its own driver's (now,
@@ -254,23 +292,36 @@ class NodeLabels(Reconciler):
                 return None
             loaded = self.sources.driver_loaded(name) if installs else ""
             slices = self.sources.dra_slices(name)
+        status = node.get("status") or {}
+        since = self._unexplained_since.get(name)
+        now = time.monotonic()
         facts = coexist.NodeFacts(
             # Cloud labels (GKE's, AKS's) live among the labels the cache keeps apart.
             labels={**(node.get("selectable") or {}), **labels},
-            gpu_capacity=int((node.get("status") or {}).get("gpu") or 0),
+            gpu_capacity=int(status.get("gpu") or 0),
+            gpu_allocatable=int(status.get("gpuWholeAllocatable") or 0),
             dra_slices=slices,
-            plugin_ledgered=owned.get(keys.DEPLOY_PREFIX + "device-plugin") == "true",
+            plugin_ledgered=owned.get(PLUGIN_LABEL) == "true",
             driver_loaded=loaded,
             driver_ledgered=driver_ledgered,
+            plugin_pod=bool(self._plugin_pods.get(name)),
+            plugin_adapted=owned.get(PLUGIN_LABEL) == labels.get(PLUGIN_LABEL) == "false",
+            unexplained_for=None if since is None else now - since,
         )
-        return coexist.detect(facts, self.rt.settings.coexist)
+        outcome = coexist.detect(facts, self.rt.settings.coexist)
+        if outcome.unexplained:
+            self._unexplained_since.setdefault(name, now)
+        else:
+            self._unexplained_since.pop(name, None)
+        return outcome
 
     async def _report_coexist(
         self, name: str, meta: Mapping[str, Any], labels: Mapping[str, str],
         outcome: coexist.Outcome,
     ) -> None:  # fmt: skip
         """One Warning Event per node and finding; the status follows the findings."""
-        if coexist.adapted_preinstalled(labels, outcome):
+        owned = ledger.read(meta.get("annotations") or {})
+        if coexist.adapted_preinstalled(labels, outcome, owned):
             self._coexist_adapted.add(name)
         else:
             self._coexist_adapted.discard(name)

@@ -19,6 +19,7 @@ flow to replace, as upstream does.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -34,7 +35,7 @@ from gpu_operator.kube.writer import needs_write
 from gpu_operator.nodes import labelling, ownership
 from gpu_operator.operands import nvidiadriver as plan_mod
 from gpu_operator.operands import readiness
-from gpu_operator.status import coalesce, conditions
+from gpu_operator.status import coalesce, conditions, rollout
 from gpu_operator.status import nvidiadriver as nvd_status
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class NVIDIADriverReconciler(Reconciler):
         self._mode_memo: tuple[str, api.ClusterPolicy | None] | None = None
         self._active = False
         self._reported: dict[str, str] = {}
+        self._upgrades_enabled: dict[str, tuple[str, bool]] = {}
         self._debounced = (Request(KEY, rt.settings.status_debounce),)
         self._status_writes = coalesce.StatusWrites(rt.settings.status_write_interval)
 
@@ -259,6 +261,8 @@ class NVIDIADriverReconciler(Reconciler):
         result = plan_mod.plan("active", items, nodes, policy, facts)
         desired = [*result.accounts, *(d for p in result.drivers.values() for d in p.daemonsets)]
         to_write = [obj for obj in desired if needs_write(obj, self.caches.live(obj))]
+        # Written over an existing object: a new spec rolling out, not an install.
+        updated = {cp.ref(obj) for obj in to_write if self.caches.live(obj) is not None}
         await asyncio.gather(*(self.rt.write(obj) for obj in to_write))
         written = {cp.ref(obj) for obj in to_write}
         await self._prune(result)
@@ -285,8 +289,8 @@ class NVIDIADriverReconciler(Reconciler):
             if item.deleting or item.name not in result.drivers:
                 continue
             entry = result.drivers[item.name]
-            report = self._report(entry, written, by_owner, left)
             obj = self.drivers_cache.get(item.name)
+            report = self._report(entry, written, updated, by_owner, left, obj)
             status = nvd_status.build(
                 report, namespace=namespace, now=cp.now(), generation=item.generation,
                 previous=(obj or {}).get("status"),
@@ -325,50 +329,75 @@ class NVIDIADriverReconciler(Reconciler):
         self,
         entry: plan_mod.DriverPlan,
         written: set[tuple[str, str, str, str]],
+        updated: set[tuple[str, str, str, str]],
         by_owner: dict[str, tuple[list[readiness.PodSummary], list[dict[str, Any]]]],
         orphaned: set[str],
+        obj: dict[str, Any] | None,
     ) -> nvd_status.DriverReport:
-        waiting: list[str] = []
+        """How a driver stands; what keeps it from ready is judged against planned work
+        (status/rollout.py): its nodes' driver upgrade, a new spec rolling out, the hand-over."""
+        enabled = obj is not None and cp.upgrades_enabled(obj, self._upgrades_enabled)
+        upgrade = cp.upgrade_view(
+            self.caches[cp.NODES].objects.values(), owner=entry.name, enabled=enabled
+        )
+        waiting: list[rollout.Workload] = []
         handing_over = sorted(set(entry.nodes) & orphaned)
         if handing_over:
             shown = ", ".join(handing_over[:3])
-            waiting.append(
+            # Planned while upgrades run: a pod that is not adopted is replaced by them.
+            waiting.append(rollout.Workload(
+                "hand-over",
                 f"{len(handing_over)} node(s) still run a driver pod of the ClusterPolicy "
                 "(adopted when it is this driver's pod, else replaced by the upgrade flow): "
-                f"{shown}"
-            )
+                f"{shown}",
+                updating=upgrade.enabled, driver=True,
+            ))  # fmt: skip
         desired = {d["metadata"]["name"]: d for d in entry.daemonsets}
         for pool in entry.pools:
             ds = desired.get(pool.daemonset)
             if ds is None:
                 continue  # held back: already a problem
+            label = f"pool {pool.pool.label}"
             if cp.ref(ds) in written:
-                waiting.append(f"pool {pool.pool.label}: rolling out the new spec")
+                waiting.append(rollout.Workload(
+                    label, f"{label}: rolling out the new spec", updating=cp.ref(ds) in updated,
+                    driver=True,
+                ))  # fmt: skip
                 continue
             live = self.caches.live(ds)
             if live is None:
-                waiting.append(f"pool {pool.pool.label}: DaemonSet not created yet")
+                waiting.append(
+                    rollout.Workload(label, f"{label}: DaemonSet not created yet", driver=True)
+                )
                 continue
             pods, revisions = by_owner.get(str(live["metadata"].get("uid")), ([], []))
             verdict = readiness.daemonset_readiness(live, pods, revisions)
             if not verdict.ready:
-                waiting.append(f"pool {pool.pool.label}: {verdict.reason}")
+                found = cp.workload(live, verdict, pods, revisions, driver=True)
+                waiting.append(dataclasses.replace(
+                    found, name=label, problem=f"{label}: {found.problem}"
+                ))  # fmt: skip
             elif verdict.desired < len(pool.pool.nodes):
                 # The DaemonSet selects a node only once its owner label is written.
                 missing = len(pool.pool.nodes) - verdict.desired
-                waiting.append(f"pool {pool.pool.label}: {missing} node(s) not selected yet")
+                waiting.append(rollout.Workload(
+                    label, f"{label}: {missing} node(s) not selected yet", driver=True
+                ))  # fmt: skip
         if entry.skipped:
             shown = ", ".join(entry.skipped[:3])
-            waiting.append(
+            waiting.append(rollout.Workload(
+                "nfd",
                 f"{len(entry.skipped)} node(s) lack the NFD OS labels a pool needs "
-                f"({keys.NFD_OS_ID}, {keys.NFD_OS_VERSION_ID}): {shown}"
-            )
+                f"({keys.NFD_OS_ID}, {keys.NFD_OS_VERSION_ID}): {shown}",
+            ))  # fmt: skip
+        judged = rollout.judge(waiting, upgrade, driver=True)
         return nvd_status.DriverReport(
             problems=entry.problems,
-            waiting=waiting,
+            waiting=[judged.message] if judged.kind != "ready" else [],
             nodes=len(entry.nodes),
             pools=[f"{p.pool.label} ({len(p.pool.nodes)})" for p in entry.pools],
             unchecked=sum(p.unchecked for p in entry.pools),
+            planned=judged.planned,
         )
 
     async def _prune(self, result: plan_mod.Plan) -> None:

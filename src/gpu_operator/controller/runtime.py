@@ -45,7 +45,13 @@ from gpu_operator.api import keys
 from gpu_operator.controller import strip
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.kube import resources
-from gpu_operator.kube.cache import Informer, Transform, current_version, rewound
+from gpu_operator.kube.cache import (
+    Informer,
+    StateLostHandler,
+    Transform,
+    current_version,
+    rewound,
+)
 from gpu_operator.kube.client import AsyncClient
 from gpu_operator.kube.errors import describe
 from gpu_operator.kube.leader import LeaderElector
@@ -73,8 +79,10 @@ class Settings:
     status_write_interval: float = 1.0
     write_concurrency: int = 16
     workers: int = 8
-    # How often one cheap list checks that the API server's state did not go back in time.
-    consistency_interval: float = 1.0
+    # How often one cheap list checks that the API server's state did not go back in time. The
+    # watches notice first (bookmarks about once a minute, resourceVersions, failed watches);
+    # this bounds the detection where a server sends no bookmarks.
+    consistency_interval: float = 300.0
     # Liveness: a reconcile running longer than this means the work loop is stuck.
     stuck_after: float = 300.0
     # What to do where something else would fight the operator (nodes/coexist.py; COEXIST_* env).
@@ -144,10 +152,17 @@ def owned_name(api_version: str, kind: str) -> str:
 class Caches:
     """The shared, watch-fed caches, by name. Events fan out to the runtime's dispatcher."""
 
-    def __init__(self, client: AsyncClient, namespace: str, dispatch: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        namespace: str,
+        dispatch: Callable[..., None],
+        on_state_lost: StateLostHandler | None = None,
+    ) -> None:
         self.client = client
         self.namespace = namespace
         self._dispatch = dispatch
+        self._on_state_lost = on_state_lost
         self.informers: dict[str, Informer] = {}
         self._running: list[asyncio.Task[None]] | None = None
 
@@ -171,6 +186,7 @@ class Caches:
             labels=labels,
             transform=transform,
             on_change=functools.partial(self._dispatch, name),
+            on_state_lost=self._on_state_lost,
         )
         self.informers[name] = informer
         if self._running is not None:
@@ -246,7 +262,7 @@ class Runtime:
             if settings.leader_elect
             else None
         )
-        self.caches = Caches(client, settings.namespace, self._dispatch)
+        self.caches = Caches(client, settings.namespace, self._dispatch, self._state_lost)
         self.reconcilers: dict[str, Reconciler] = {}
         self._watches: dict[str, list[Mapper]] = {}
         self.ready = asyncio.Event()
@@ -255,6 +271,8 @@ class Runtime:
         # Work keys being reconciled, with when they started (liveness reads it).
         self.busy: dict[str, float] = {}
         self.consistency_error: str | None = None
+        # How many times a cache or the periodic check saw the API server go back in time.
+        self.state_losses = 0
 
     # ----- wiring ------------------------------------------------------------------------------
 
@@ -369,7 +387,7 @@ class Runtime:
             await asyncio.sleep(self.settings.consistency_interval)
             # What the caches had seen before asking: watch events arriving while the list is in
             # flight carry newer versions than its answer and are no sign of lost state.
-            seen = [(informer, informer.version) for informer in list(informers.values())]
+            seen = [(informer, informer.newest) for informer in list(informers.values())]
             try:
                 version = await current_version(self.client, resources.CLUSTER_POLICY)
                 self.consistency_error = None
@@ -383,8 +401,18 @@ class Runtime:
                     "the API server's resourceVersion went back (%s, we saw %d): it lost or "
                     "restored state; relisting every cache", version, newest,
                 )  # fmt: skip
+                self.state_losses += 1
                 for informer in list(informers.values()):
                     informer.relist("the API server's state went back in time")
+
+    def _state_lost(self, seen_by: Informer, how: str) -> None:
+        """A cache saw the API server go back in time (a bookmark or event older than what it
+        had seen, or a relist answered at an older version): it relists already; every other
+        cache's watch may be waiting at a version the server no longer has, so all relist."""
+        self.state_losses += 1
+        for informer in list(self.caches.informers.values()):
+            if informer is not seen_by:
+                informer.relist(f"the API server's state went back in time ({how})")
 
     async def write(self, obj: dict[str, Any]) -> None:
         """Server-side apply through the writer, at most `write_concurrency` at a time. An object

@@ -15,12 +15,14 @@ from gpu_operator.kube.client import FIELD_MANAGER
 from gpu_operator.kube.writer import PREVIOUS_WRITER_FLAG
 from gpu_operator.nodes import gate, labelling, ledger
 from gpu_operator.operands import dcgm_exporter, nvidiadriver, readiness, takeover
+from gpu_operator.upgrade import states as upgrade_states
 
 # Node labels the planners read besides the `nvidia.com/` ones.
 _NODE_LABELS = frozenset({*keys.NFD_GPU_LABELS, keys.NFD_OS_ID, keys.NFD_OS_VERSION_ID,
                           keys.NFD_OS_VERSION_MAJOR, keys.NFD_OSTREE_VERSION, keys.NFD_KERNEL_FULL,
                           keys.NFD_MELLANOX})  # fmt: skip
-_NODE_ANNOTATIONS = frozenset({ledger.ANNOTATION, keys.UPGRADE_ENABLED})
+# The upgrade's failure annotation: the status says why a node's driver upgrade failed.
+_NODE_ANNOTATIONS = frozenset({ledger.ANNOTATION, keys.UPGRADE_ENABLED, upgrade_states.FAILURE})
 # ConfigMap keys whose contents the renderers read (not only their presence).
 _CHECKED_KEYS = (dcgm_exporter.METRICS_KEY,)
 
@@ -81,6 +83,9 @@ def node(obj: dict[str, Any]) -> dict[str, Any]:
             "gpu": _gpu_count((obj.get("status") or {}).get("capacity")),
             # Whole GPUs and MIG slices (the readiness gate, nodes/gate.py).
             "gpuAllocatable": gate.allocatable_gpus((obj.get("status") or {}).get("allocatable")),
+            # Whole GPUs a plugin serves now (the coexistence detector: capacity without this is
+            # what a plugin that went away leaves for the kubelet's grace period).
+            "gpuWholeAllocatable": _gpu_count((obj.get("status") or {}).get("allocatable")),
         },
         # The startup taint the readiness gate removes; nodes carry a few taints at most.
         "taints": list((obj.get("spec") or {}).get("taints") or ()),

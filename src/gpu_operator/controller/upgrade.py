@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from gpu_operator.controller import runtime
@@ -30,6 +30,12 @@ RESYNC_KEY = f"{KEY}/resync"
 RESYNC_SECONDS = 120.0
 # Events arriving together (a rollout touches nodes and pods at once) are planned in one pass.
 DEBOUNCE_SECONDS = 0.05
+# Event-driven passes wait at least this many times the last plan's duration (at most
+# MAX_SPACING_SECONDS): a plan reads every node and pod, so at thousands of nodes a rollout's
+# events asking for passes back to back would keep a core busy planning; a small cluster plans
+# within DEBOUNCE_SECONDS as before.
+PASS_SPACING = 2.0
+MAX_SPACING_SECONDS = 1.0
 
 CACHE_NODES = "upgrade:nodes"
 CACHE_PODS = "upgrade:pods"
@@ -113,6 +119,8 @@ class UpgradeReconciler(runtime.Reconciler):
         self.last_plan: actions.Plan | None = None
         self.passes = 0
         self.planning_seconds = 0.0  # snapshot and plan, for the figures in bench/
+        # The debounce of event-driven passes (PASS_SPACING).
+        self.debounce = DEBOUNCE_SECONDS
 
     # ----- caches and events ------------------------------------------------------------------
 
@@ -145,7 +153,7 @@ class UpgradeReconciler(runtime.Reconciler):
         return [runtime.Request(KEY), runtime.Request(RESYNC_KEY, self.resync)]
 
     def _always(self, key: str, old: Any, new: Any) -> list[runtime.Request]:
-        return [runtime.Request(KEY, DEBOUNCE_SECONDS)] if old != new else []
+        return [runtime.Request(KEY, self.debounce)] if old != new else []
 
     def _on_node(self, key: str, old: Any, new: Any) -> list[runtime.Request]:
         if (
@@ -154,12 +162,12 @@ class UpgradeReconciler(runtime.Reconciler):
             and old == dataclasses.replace(new, resource_version=old.resource_version)
         ):
             return []  # only fields the planner does not read changed
-        return [runtime.Request(KEY, DEBOUNCE_SECONDS)]
+        return [runtime.Request(KEY, self.debounce)]
 
     def _on_pod(self, key: str, old: Any, new: Any) -> list[runtime.Request]:
         if old == new or not (_relevant(old) or _relevant(new)):
             return []
-        return [runtime.Request(KEY, DEBOUNCE_SECONDS)]
+        return [runtime.Request(KEY, self.debounce)]
 
     # ----- planning ----------------------------------------------------------------------------
 
@@ -181,7 +189,9 @@ class UpgradeReconciler(runtime.Reconciler):
                 self.rt.enqueue(RESYNC_KEY, self.resync)
             started = time.perf_counter()
             plan = planner.plan(self.snapshot())
-            self.planning_seconds += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.planning_seconds += took
+            self.debounce = max(DEBOUNCE_SECONDS, min(PASS_SPACING * took, MAX_SPACING_SECONDS))
             self.last_plan = plan
             self.passes += 1
             await self.execute(plan)
@@ -224,13 +234,16 @@ class UpgradeReconciler(runtime.Reconciler):
     # ----- executing ---------------------------------------------------------------------------
 
     async def execute(self, plan: actions.Plan) -> None:
-        """Carry out a plan: node patches and pod work concurrently, then the rest."""
+        """Carry out a plan: node patches and pod work concurrently, then the rest.
+
+        A node's Events tell what its patch did ("driver upgrade started"), so they are recorded
+        only when that patch was applied: a patch refused for a stale view (409) is planned
+        again, and that pass records them (once), not this one as well."""
         now = self.clock()
-        work = []
+        patches = [a for a in plan.actions if isinstance(a, actions.PatchNode)]
+        work: list[Coroutine[Any, Any, Any]] = []
         for action in plan.actions:
-            if isinstance(action, actions.PatchNode):
-                work.append(self._patch(action))
-            elif isinstance(action, actions.EvictPod):
+            if isinstance(action, actions.EvictPod):
                 key = f"{action.namespace}/{action.name}"
                 last = self._evicted.get(key)
                 if last is None or now - last >= states.EVICTION_RETRY_SECONDS:
@@ -238,7 +251,23 @@ class UpgradeReconciler(runtime.Reconciler):
                     work.append(self._evict(action))
             elif isinstance(action, actions.DeletePod):
                 work.append(self._delete_pod(action))
-        await asyncio.gather(*work)
+        results = await asyncio.gather(
+            *(self._patch(a) for a in patches), *work, return_exceptions=True
+        )
+        unapplied = {
+            a.node for a, result in zip(patches, results, strict=False) if result is not True
+        }
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for error in errors:
+            if not isinstance(error, Exception):
+                raise error  # cancelled: stop here
+        if errors:
+            # The pass is retried; what was applied is told now (the retry will not redo it).
+            await asyncio.gather(*(
+                self._event(a) for a in plan.actions
+                if isinstance(a, actions.Event) and a.node not in unapplied
+            ))  # fmt: skip
+            raise errors[0]
         # Forget pods this pass no longer evicts, so a retried node's first eviction is at once.
         wanted = {
             f"{a.namespace}/{a.name}" for a in plan.actions if isinstance(a, actions.EvictPod)
@@ -256,11 +285,12 @@ class UpgradeReconciler(runtime.Reconciler):
                         "metadata": {"name": action.name, "namespace": action.namespace},
                     }
                 )
-            elif isinstance(action, actions.Event):
+            elif isinstance(action, actions.Event) and action.node not in unapplied:
                 events.append(self._event(action))
         await asyncio.gather(*events)
 
-    async def _patch(self, action: actions.PatchNode) -> None:
+    async def _patch(self, action: actions.PatchNode) -> bool:
+        """Apply one node patch; False when it was refused for a stale view (planned again)."""
         async with self.rt.write_slots:
             try:
                 stored = await self.rt.writer.patch_node(action.node, action.merge_patch())
@@ -269,7 +299,7 @@ class UpgradeReconciler(runtime.Reconciler):
                     # Planned from an older copy of the node: plan again from the newer one.
                     log.debug("node %s changed under us; replanning", action.node)
                     self.rt.enqueue(KEY, DEBOUNCE_SECONDS)
-                    return
+                    return False
                 raise
         # Write-through: the next pass must count this node's new state, even if the watch has
         # not delivered it yet (two passes on one stale view could exceed the limits).
@@ -278,6 +308,7 @@ class UpgradeReconciler(runtime.Reconciler):
             self._written[action.node] = version
         self.nodes.objects[action.node] = snapshot.node_from(stored)
         log.info("node %s: %s", action.node, _describe(action))
+        return True
 
     async def _evict(self, action: actions.EvictPod) -> None:
         key = f"{action.namespace}/{action.name}"

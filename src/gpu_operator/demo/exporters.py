@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpu_operator import nvml
+from gpu_operator import http_endpoint, nvml
 from gpu_operator.agents.dcgm_exporter import command as exporter_command
 from gpu_operator.agents.dcgm_exporter import counters as exporter_counters
 from gpu_operator.agents.dcgm_exporter import server as exporter_server
@@ -128,7 +128,9 @@ async def node_status_exporter(ctx: PodContext, machine: mock.MockMachine | None
         async with exporter.polled:
             await exporter.polled.wait_for(lambda: exporter.polls >= 1)
         port = env.get("METRICS_PORT") or "8000"
-        await ctx.serve_port(int(port), exporter.application())
+        await ctx.serve_port(
+            int(port), http_endpoint.Handler(exporter.routes(), what="node status exporter")
+        )
         ctx.set_ready(True)
         await ctx.stopping.wait()
     finally:

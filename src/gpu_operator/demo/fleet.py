@@ -195,16 +195,17 @@ NAMED: dict[str, Fleet] = {
             },
             {"name": "cpu", "count": 1},
         ),
-        # AKS node pools created without `--gpu-driver none` (seed documents 000/001): the node
-        # image brings the driver, which the operator's driver must not fight.
+        # AKS node pools created without `--gpu-driver none` (Azure/aks-rdma-infiniband's GPU
+        # driver and GPU Operator configuration pages): the node image brings the driver, which
+        # the operator's driver must not fight.
         _fleet(
             "aks-preinstalled",
             {"name": "t4", "machine": "t4x4", "count": 2, "driver": "preinstalled"},
             {"name": "cpu", "count": 1},
         ),
         # Autoscaled GPU nodes behind the readiness gate: they register with the cluster
-        # autoscaler's startup taint, which the operator removes once a node validated. Run it
-        # with `-f examples/startup-taint-values.yaml` (docs/coexistence.md, "Readiness gate").
+        # autoscaler's startup taint, which the operator removes once a node validated. The demo
+        # turns the gate on for it (demo/fit.py; docs/coexistence.md, "Readiness gate").
         _fleet(
             "autoscaled",
             {"name": "a100", "machine": "dgx-a100", "count": 2, "taints": [STARTUP_TAINT]},

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from gpu_operator.nvml import mock
 
-USAGE = """usage: demo-gpu-fault xid GPU XID [GI CI]   raise an XID critical error (e.g. 48, 79)
+USAGE = """usage: demo-gpu-fault xid GPU XID [GI CI]   raise an XID critical error (e.g. 48; 79 is
+                                               the GPU falling off the bus)
        demo-gpu-fault ecc GPU                  raise a double-bit (uncorrectable) ECC error
        demo-gpu-fault fall-off-bus GPU         lose the GPU (XID 79, every call fails)
 Clear a fault with: nvidia-smi -r -i GPU
@@ -32,7 +33,9 @@ def run(machine: mock.MockMachine, args: Sequence[str]) -> tuple[int, str]:
     if action == "xid" and len(numbers) in (2, 4):
         gi, ci = (numbers[2], numbers[3]) if len(numbers) == 4 else (None, None)
         machine.inject_xid(gpu, numbers[1], gpu_instance_id=gi, compute_instance_id=ci)
-        return EXIT_OK, f"XID {numbers[1]} raised on GPU {gpu}\n"
+        # XID 79 is the driver reporting a GPU that fell off the bus: NVML loses it (mock).
+        lost = ": it has fallen off the bus" if numbers[1] == mock.XID_FALLEN_OFF_BUS else ""
+        return EXIT_OK, f"XID {numbers[1]} raised on GPU {gpu}{lost}\n"
     if action == "ecc" and len(numbers) == 1:
         machine.inject_ecc_error(gpu, uncorrected=True)
         return EXIT_OK, f"double-bit ECC error raised on GPU {gpu}\n"

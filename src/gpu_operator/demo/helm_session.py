@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 
 import kubesim
+from gpu_operator.demo import fit, install, nfd, programs, session, view
 from gpu_operator.demo import fleet as fleet_mod
-from gpu_operator.demo import install, nfd, programs, session, view
 from gpu_operator.kube import node_features
 
 MIN_PROBE_SCALE = 0.1
@@ -90,11 +90,13 @@ async def _install_nfd_alone(sim: kubesim.Cluster, chart: Path, console: Console
 async def run(options: session.Options, console: Console) -> session.Result:
     """Install the chart with helm on a fresh simulated cluster and show it converge."""
     session._quiet_logs()
+    chart = options.chart or install.find_chart()
+    fitted = fit.for_helm(options, chart)
+    options = fitted.options
     demo = session.Demo(options, console)
     kubeconfig = options.kubeconfig_out
     if options.serve and kubeconfig is None:
         kubeconfig = session.DEFAULT_KUBECONFIG.expanduser()
-    chart = options.chart or install.find_chart()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []
@@ -108,14 +110,15 @@ async def run(options: session.Options, console: Console) -> session.Result:
         " simulated cluster (kubesim, RBAC enforced), installed with helm",
         highlight=False,
     )
-    for line in fleet_mod.describe(fleet):
-        console.print(f"  {line}", markup=False, highlight=False)
+    for line in [*(f"  {d}" for d in fleet_mod.describe(fleet)), *fitted.lines]:
+        console.print(line, markup=False, highlight=False)
     installing: asyncio.Task[tuple[int, str]] | None = None
     try:
         async with kubesim.Cluster(
             kubelet=session.kubelet_config(options),
             kubeconfig_path=kubeconfig,
             authorization="rbac",
+            images=options.images,
         ) as sim:
             nodes = prepare(sim, demo)
             helm = install.Helm(sim.kubeconfig_path)
@@ -125,11 +128,13 @@ async def run(options: session.Options, console: Console) -> session.Result:
             command = ["helm install", helm.release, str(chart), "-n", helm.namespace]
             command += ["--create-namespace", "--wait", *(f"-f {v}" for v in options.values)]
             command += [f"--set {item}" for item in options.sets]
+            command += [f"--set-json '{item}'" for item in options.set_json]
             console.print(" ".join(command), markup=False, highlight=False)
             wait = f"{max(int(options.timeout), 1)}s"
             installing = asyncio.create_task(
-                helm.install(chart, options.values, options.sets, wait=wait)
-            )
+                helm.install(chart, options.values, options.sets, wait=wait,
+                             set_json=options.set_json)
+            )  # fmt: skip
             deadline = time.monotonic() + options.timeout
 
             def failed() -> bool:
@@ -148,7 +153,9 @@ async def run(options: session.Options, console: Console) -> session.Result:
                 console.print(f"error: helm install failed (exit {code}):", highlight=False)
                 console.print(output.rstrip(), markup=False, highlight=False)
             elif converged:
-                summary = view.summarize(sim.store, snap, node_features.OWNED_LABELS_ANNOTATION)
+                summary = view.summarize(
+                    sim.store, snap, node_features.OWNED_LABELS_ANNOTATION, demo.hardware
+                )
                 for line in view.summary_lines(summary, since="the start of `helm install`"):
                     console.print(line, markup=False, highlight=False)
             elif not stop.is_set():

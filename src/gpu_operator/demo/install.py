@@ -27,10 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import kubesim
-from kubesim import PodContext, probes
+from kubesim import PodContext, private_files, probes
 from kubesim import errors as sim_errors
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -104,11 +102,11 @@ def pod_kubeconfig(sim: kubesim.Cluster, ctx: PodContext) -> Path:
     token = sim.auth.token_for_pod(ctx.pod)
     directory = ctx.host_path(TOKEN_DIR.format(uid=ctx.pod["metadata"]["uid"]))
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "token").write_text(token)
+    # The token and the kubeconfig carrying it are readable by their owner only.
+    private_files.write(directory / "token", token)
     (directory / "namespace").write_text(ctx.namespace)
     path = directory / f"kubeconfig-{ctx.container_name}"
-    path.write_text(yaml.safe_dump(sim.auth.kubeconfig(token, namespace=ctx.namespace)))
-    return path
+    return sim.auth.write_kubeconfig(token, path, namespace=ctx.namespace)
 
 
 @dataclass
@@ -269,7 +267,12 @@ class Helm:
         return proc.returncode or 0, out.decode(errors="replace")
 
     async def install(
-        self, chart: Path, values: Sequence[Path] = (), sets: Sequence[str] = (), wait: str = "5m"
+        self,
+        chart: Path,
+        values: Sequence[Path] = (),
+        sets: Sequence[str] = (),
+        wait: str = "5m",
+        set_json: Sequence[str] = (),
     ) -> tuple[int, str]:
         """`helm install --wait` of the chart, creating the namespace."""
         args = ["install", self.release, str(chart), "--create-namespace"]
@@ -278,4 +281,6 @@ class Helm:
             args += ["-f", str(path)]
         for item in sets:
             args += ["--set", item]
+        for item in set_json:
+            args += ["--set-json", item]
         return await self.run(*args)

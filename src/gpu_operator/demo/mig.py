@@ -62,6 +62,9 @@ def options_from(ctx: PodContext) -> command.Options:
         with_shutdown_host_gpu_clients=_true(env.get("WITH_SHUTDOWN_HOST_GPU_CLIENTS")),
         default_gpu_clients_namespace=env.get("DEFAULT_GPU_CLIENTS_NAMESPACE") or ctx.namespace,
         cdi_enabled=_true(env.get("CDI_ENABLED")),
+        validations_dir=_container_path(
+            ctx, env.get("VALIDATIONS_DIR", command.Options.validations_dir)
+        ),
         pod_name=env.get("POD_NAME") or ctx.name,
         pod_namespace=env.get("POD_NAMESPACE") or ctx.namespace,
         backend="mock",

@@ -244,6 +244,7 @@ class Programs:
             run.argv[1:],
             dt.datetime.now(),
             reset=reset,
+            host=machine,
         )
         run.stdout.write(text)
         return code

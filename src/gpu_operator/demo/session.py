@@ -20,7 +20,7 @@ import kubesim
 from gpu_operator import render
 from gpu_operator.api import crds
 from gpu_operator.controller.operator import Operator, Settings
-from gpu_operator.demo import driver, hardware, nfd, programs, view
+from gpu_operator.demo import driver, fit, hardware, nfd, programs, view
 from gpu_operator.demo import fleet as fleet_mod
 from gpu_operator.demo import install as install_mod
 from gpu_operator.kube import client as kube_client
@@ -80,11 +80,16 @@ class Options:
     install: str = "in-process"
     # With install="helm": values files for `helm install -f`, and the chart (default: checkout).
     values: list[Path] = field(default_factory=list)
-    # ... and `helm install --set` items (e.g. agents.builtin=true).
+    # ... and `helm install --set` items (e.g. agents.builtin=true), and `--set-json` items.
     sets: list[str] = field(default_factory=list)
+    set_json: list[str] = field(default_factory=list)
     chart: Path | None = None
     # Toolkit pods of NVIDIA's image behave as NVIDIA's toolkit (demo.nvidia_toolkit).
     nvidia_toolkit: bool = False
+    # Images the simulated registries hold besides kubesim's defaults (the chart's, the
+    # examples'), as kubesim.images patterns: `registry.example.com/nvidia/*` for a values
+    # file that points at a private mirror.
+    images: list[str] = field(default_factory=list)
     timing: programs.Timing = field(default_factory=programs.Timing)
     # Extra operator Settings fields for the in-process operator (e.g. `coexist`).
     operator_settings: dict[str, Any] = field(default_factory=dict)
@@ -113,6 +118,9 @@ class Demo:
         self.options = options
         self.console = console
         self.gpu_nodes: set[str] = set()
+        # Each GPU node's GPUs by model, from its machine (the summary counts the GPUs of nodes
+        # GFD does not label, such as VM nodes, from these).
+        self.hardware: dict[str, dict[str, int]] = {}
         self.started = time.monotonic()
         self.policy_created: float | None = None
 
@@ -145,6 +153,7 @@ class Demo:
             if plan.machine is not None:
                 machine = mock.MockMachine.from_preset(plan.machine, seed=plan.seed)
                 self.gpu_nodes.add(plan.name)
+                self.hardware[plan.name] = view.machine_gpus(machine.spec)
             nodes.add_node(plan.name, machine)
             sim.add_node(
                 plan.name, labels=plan.labels, capacity=dict(NODE_CAPACITY),
@@ -276,6 +285,7 @@ def kubelet_config(options: Options) -> KubeletConfig:
         init_container_duration=0.05 * options.timing.scale,
         kernel_version="6.8.0-52-generic",
         os_image="Ubuntu 22.04.5 LTS",
+        pull_delay=KubeletConfig.pull_delay * options.timing.scale,
     )
 
 
@@ -287,6 +297,8 @@ async def run(options: Options, console: Console) -> Result:
 
         return await helm_session.run(options, console)
     _quiet_logs()
+    fitted = fit.for_in_process(options, DEFAULT_POLICY)
+    options = fitted.options
     demo = Demo(options, console)
     kubeconfig = options.kubeconfig_out
     if options.serve and kubeconfig is None:
@@ -305,13 +317,16 @@ async def run(options: Options, console: Console) -> Result:
         " in-process simulated cluster (kubesim)",
         highlight=False,
     )
-    for line in fleet_mod.describe(fleet):
-        console.print(f"  {line}", markup=False, highlight=False)
+    for line in [*(f"  {d}" for d in fleet_mod.describe(fleet)), *fitted.lines]:
+        console.print(line, markup=False, highlight=False)
     try:
         # A served cluster listens for anyone on this machine: like `kubesim serve`, it then
         # requires the bearer token its kubeconfig carries (over TLS).
         async with kubesim.Cluster(
-            kubelet=kubelet, kubeconfig_path=kubeconfig, authentication=options.serve
+            kubelet=kubelet,
+            kubeconfig_path=kubeconfig,
+            authentication=options.serve,
+            images=options.images,
         ) as sim:
             nodes = programs.Programs(sim, options.timing, nvidia_toolkit=options.nvidia_toolkit)
             nodes.register()
@@ -341,7 +356,9 @@ async def run(options: Options, console: Console) -> Result:
                 result = observe(sim, snap.converged, kubeconfig)
                 summary = None
                 if snap.converged:
-                    summary = view.summarize(sim.store, snap, node_features.OWNED_LABELS_ANNOTATION)
+                    summary = view.summarize(
+                        sim.store, snap, node_features.OWNED_LABELS_ANNOTATION, demo.hardware
+                    )
                     for line in view.summary_lines(summary):
                         console.print(line, markup=False, highlight=False)
                 elif not stop.is_set():

@@ -12,8 +12,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpu_operator.agents.gfd import labels as gfd_labels
 from gpu_operator.api import keys
 from gpu_operator.demo import programs
+from gpu_operator.nvml import machines
 from kubesim.errors import ApiError
 from kubesim.store import Store
 
@@ -68,6 +70,9 @@ class NodeRow:
     needs_gfd: bool = True
     needs_allocatable: bool = True
     workload: str = keys.WORKLOAD_CONTAINER
+    # What the node's workload config label asks for ("" when unlabelled): a VM workload
+    # there while sandbox workloads are off still gets the container stack.
+    requested_workload: str = ""
 
     @property
     def ready(self) -> bool:
@@ -176,6 +181,7 @@ def snapshot(
             needs_gfd=_deploys(labels, "gpu-feature-discovery"),
             needs_allocatable=_deploys(labels, "device-plugin"),
             workload=_workload(labels),
+            requested_workload=labels.get(keys.GPU_WORKLOAD_CONFIG, ""),
         )
         for ds in daemonsets:
             column = short_name(ds["metadata"]["name"])
@@ -200,7 +206,8 @@ def snapshot(
     status = policy.get("status") or {}
     message = ""
     for condition in status.get("conditions") or []:
-        if condition.get("type") == ("Ready" if status.get("state") == "ready" else "Error"):
+        # Ready's message says why in every case (Error's only points to it during planned work).
+        if condition.get("type") == "Ready":
             message = str(condition.get("message") or "")
     done = all(
         (d.get("status") or {}).get("observedGeneration", 0)
@@ -241,7 +248,10 @@ def _deploys(labels: Mapping[str, str], operand: str) -> bool:
 
 
 def _workload(labels: Mapping[str, str]) -> str:
-    """The node's workload config as its deploy labels show it."""
+    """The node's workload config as its deploy labels show it: what the operator deploys there,
+    whatever the workload config label asks for (with sandbox workloads off, a node labelled
+    `vm-passthrough` still gets the container stack). Before the operator labelled the node,
+    the label's wish."""
     for operand, workload in (
         ("vfio-manager", keys.WORKLOAD_VM_PASSTHROUGH),
         ("vgpu-device-manager", keys.WORKLOAD_VM_VGPU),
@@ -249,7 +259,17 @@ def _workload(labels: Mapping[str, str]) -> str:
     ):
         if keys.DEPLOY_PREFIX + operand in labels:
             return workload
+    if any(k.startswith(keys.DEPLOY_PREFIX) and k != keys.DEPLOY_OPERANDS for k in labels):
+        return keys.WORKLOAD_CONTAINER
     return labels.get(keys.GPU_WORKLOAD_CONFIG) or keys.WORKLOAD_CONTAINER
+
+
+VM_WORKLOADS = (keys.WORKLOAD_VM_PASSTHROUGH, keys.WORKLOAD_VM_VGPU)
+
+
+def machine_gpus(spec: machines.MachineSpec) -> dict[str, int]:
+    """A machine's GPUs by model, named as GFD's `nvidia.com/gpu.product` names them."""
+    return dict(Counter(gfd_labels.sanitise(m.nvml_name) for m in spec.gpu_models()))
 
 
 def _gpus(row: NodeRow) -> str:
@@ -284,19 +304,26 @@ def table(snap: Snapshot, title: str) -> RenderableType:
         ("ClusterPolicy: ", "bold"),
         (snap.policy_state, state_style),
         f"   operand pods ready {snap.pods_ready}/{snap.pods_total}",
-        f"   GPU nodes labelled by GFD {snap.labelled}/{len(snap.gfd_rows)}",
+        f"   {_gfd_progress(snap)}",
         f"   {snap.elapsed:5.1f}s",
     )
     parts: list[RenderableType] = [grid, footer]
     if snap.policy_state != "ready" and snap.policy_message:
         parts.append(Text(_clip(snap.policy_message, 160), "dim"))
-    parts.append(Text(SIMULATED_NOTE, "dim italic"))
+    if any(_is_simulated(c) for c in snap.columns):
+        parts.append(Text(SIMULATED_NOTE, "dim italic"))
     return Group(*parts)
 
 
+def _gfd_progress(snap: Snapshot) -> str:
+    """How many GPU nodes carry GPU feature discovery's labels (the operator's and NFD's labels
+    come long before: driver pods run on nodes GFD has not labelled yet)."""
+    return f"GFD labels on {snap.labelled}/{len(snap.gfd_rows)} GPU nodes"
+
+
 SIMULATED_NOTE = (
-    "* simulated operand (its agent is not implemented yet): becomes ready after a realistic delay;"
-    " the other columns run the real agents on each node's mock GPUs"
+    "* simulated operand (NVIDIA's image only, no agent of ours): its pods become ready after a"
+    " realistic delay; the other columns run the real agents on each node's mock GPUs"
 )
 
 
@@ -311,8 +338,7 @@ def progress_line(snap: Snapshot) -> str:
         waiting = " | " + _clip(snap.policy_message, 140)
     return (
         f"[{snap.elapsed:5.1f}s] ClusterPolicy {snap.policy_state}; operand pods ready "
-        f"{snap.pods_ready}/{snap.pods_total}; GPU nodes labelled {snap.labelled}/"
-        f"{len(snap.gfd_rows)}{waiting}"
+        f"{snap.pods_ready}/{snap.pods_total}; {_gfd_progress(snap)}{waiting}"
     )
 
 
@@ -329,26 +355,44 @@ class Summary:
     time_to_ready: float
     simulated: list[str]
     real: list[str]
-    # GPU nodes per VM workload config (no GFD there, so not in gpus_by_model).
+    # GPU nodes per VM workload config the operator deploys (the VM stack runs there).
     vm_nodes: dict[str, int] = field(default_factory=dict)
+    # GPUs in gpus_by_model counted from the fleet's machines, on GPU nodes without GFD labels
+    # (VM nodes: GFD does not run there).
+    unlabelled_gpus: int = 0
+    # GPU nodes whose workload config label asks for a VM workload while the operator deploys
+    # the container stack (sandbox workloads are off): their GPUs go to containers.
+    vm_asked_containers: list[str] = field(default_factory=list)
     # What the ClusterPolicy's Ready message adds to "all operand states ready": coexistence
     # findings, nodes waiting at the startup gate, labels left alone.
     policy_notes: str = ""
 
 
-def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
-    """Count nodes, GPUs by model, labels the operator and GFD set, and resources advertised."""
+def summarize(
+    store: Store,
+    snap: Snapshot,
+    gfd_annotation: str,
+    hardware: Mapping[str, Mapping[str, int]] | None = None,
+) -> Summary:
+    """Count nodes, GPUs by model, labels the operator and GFD set, and resources advertised.
+    `hardware` (GPUs by model per node, from the fleet's machines) counts the GPUs of GPU nodes
+    GFD does not label, such as VM nodes."""
     gpus: Counter[str] = Counter()
     allocatable: Counter[str] = Counter()
-    labels_set = gfd_labels = 0
+    labels_set = gfd_count = unlabelled = 0
+    gpu_rows = {r.name for r in snap.gpu_rows}
     nodes = store.list("nodes")
     for node in nodes:
+        name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
         annotations = node["metadata"].get("annotations") or {}
         if labels.get(keys.GPU_PRODUCT):
             gpus[labels[keys.GPU_PRODUCT]] += int(labels.get("nvidia.com/gpu.count", "0") or 0)
+        elif name in gpu_rows and hardware and name in hardware:
+            gpus.update(hardware[name])
+            unlabelled += sum(hardware[name].values())
         labels_set += sum(1 for k in labels if k.startswith(keys.PREFIX))
-        gfd_labels += len([k for k in annotations.get(gfd_annotation, "").split(",") if k])
+        gfd_count += len([k for k in annotations.get(gfd_annotation, "").split(",") if k])
         for key, value in ((node.get("status") or {}).get("allocatable") or {}).items():
             if key.startswith(keys.PREFIX):
                 allocatable[key] += int(value)
@@ -358,7 +402,7 @@ def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
         gpus_by_model=dict(sorted(gpus.items())),
         allocatable=dict(sorted(allocatable.items())),
         labels_set=labels_set,
-        gfd_labels=gfd_labels,
+        gfd_labels=gfd_count,
         time_to_ready=snap.elapsed,
         simulated=[c for c in snap.columns if _is_simulated(c)],
         real=[c for c in snap.columns if not _is_simulated(c)],
@@ -368,6 +412,12 @@ def summarize(store: Store, snap: Snapshot, gfd_annotation: str) -> Summary:
                     r.workload for r in snap.gpu_rows if r.workload != keys.WORKLOAD_CONTAINER
                 ).items()
             )
+        ),
+        unlabelled_gpus=unlabelled,
+        vm_asked_containers=sorted(
+            r.name
+            for r in snap.gpu_rows
+            if r.requested_workload in VM_WORKLOADS and r.workload == keys.WORKLOAD_CONTAINER
         ),
         policy_notes=_policy_notes(store),
     )
@@ -389,11 +439,18 @@ def summary_lines(summary: Summary, since: str = "ClusterPolicy creation") -> Se
     """The summary as plain lines (printed the same on terminals and pipes)."""
     models = ", ".join(f"{n} x {m}" for m, n in summary.gpus_by_model.items()) or "none"
     resources = ", ".join(f"{k}={v}" for k, v in summary.allocatable.items()) or "none"
+    counted = f"{sum(summary.gpus_by_model.values())} in all"
+    if summary.unlabelled_gpus:
+        counted += (
+            f"; {summary.unlabelled_gpus} on GPU nodes without GFD labels, counted from their"
+            " machines"
+        )
+    asked = summary.vm_asked_containers
     return [
         "Summary",
         f"  nodes:            {summary.nodes} ({summary.gpu_nodes} with GPUs,"
         f" {summary.nodes - summary.gpu_nodes} CPU only)",
-        f"  GPUs by model:    {models} ({sum(summary.gpus_by_model.values())} in all)",
+        f"  GPUs by model:    {models} ({counted})",
         *(
             [f"  VM nodes:         {', '.join(f'{n} {w}' for w, n in summary.vm_nodes.items())}"]
             if summary.vm_nodes
@@ -406,4 +463,13 @@ def summary_lines(summary: Summary, since: str = "ClusterPolicy creation") -> Se
         f"  real agents:      {', '.join(summary.real) or 'none'}",
         f"  simulated:        {', '.join(summary.simulated) or 'none'}",
         *([f"  policy notes:     {summary.policy_notes}"] if summary.policy_notes else []),
+        *(
+            [
+                f"warning: {', '.join(asked)} ask{'s' if len(asked) == 1 else ''} for a VM "
+                f"workload ({keys.GPU_WORKLOAD_CONFIG}) but sandbox workloads are off "
+                "(sandboxWorkloads.enabled=false): the GPUs there go to containers"
+            ]
+            if asked
+            else []
+        ),
     ]

@@ -1,6 +1,13 @@
 """Watch-fed caches: list once, then watch from the list's resourceVersion; relist on 410, on a
 watch that ends in an error, and when resourceVersions go backwards (the server lost state).
 
+Watches ask for bookmarks (`allowWatchBookmarks`): the API server sends one about once a minute
+with its current resourceVersion, so a watch resumed from a version the server no longer has
+(after an etcd restore, every watch ends and resumes from a version in the server's future)
+learns within a bookmark period that the server went back in time. A relist after a failed watch
+compares the list's resourceVersion with the newest one the cache had seen, for the same reason.
+Either way the cache reports it (`on_state_lost`) so that every cache relists, not only this one.
+
 Objects are stored after a transform that keeps only what the planners read, which is what keeps
 the operator's memory flat at thousands of nodes.
 """
@@ -12,16 +19,19 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
+from lightkube.core.selector import build_selector
 
 log = logging.getLogger(__name__)
 
 # A transform may return any value (a smaller dict, a summary tuple): keys come from the raw object.
 Transform = Callable[[dict[str, Any]], Any]
 Handler = Callable[[str, Any, Any], None]
+# Told which cache saw the API server go back in time, and how.
+StateLostHandler = Callable[["Informer", str], None]
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -84,6 +94,7 @@ class Informer:
         transform: Transform | None = None,
         on_change: Handler | None = None,
         watch_timeout: int = 300,
+        on_state_lost: StateLostHandler | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -99,6 +110,11 @@ class Informer:
         self._deep = False  # an object too deep for the default decoder was seen
         # The last resourceVersion seen (None: list next); `watching` while a watch is open.
         self.version: str | None = None
+        # The newest resourceVersion this cache has seen from the server (list, event or
+        # bookmark); one older than it later means the server lost state. None: no baseline.
+        self.newest: str | None = None
+        self.on_state_lost = on_state_lost
+        self.bookmarks = 0
         # Since when list/watch has not worked (None: it works); readiness reads it. Set until
         # the first list, and at the first of a run of failures; cleared by a list, an event
         # or a watch the server ended normally.
@@ -146,7 +162,20 @@ class Informer:
         for key in [k for k in self.objects if k not in seen]:
             self._emit(key, self.objects.pop(key), None)
         self.synced.set()
-        return str(listing.resourceVersion)
+        version = str(listing.resourceVersion)
+        if _older(version, self.newest):
+            self._lost(f"a relist returned resourceVersion {version}, older than {self.newest}")
+        self.newest = version
+        return version
+
+    def _lost(self, how: str) -> None:
+        """This cache saw the server go back in time: tell the owner (every cache relists)."""
+        log.warning("%s: the API server's state went back in time (%s)", self.kind, how)
+        if self.on_state_lost is not None:
+            try:
+                self.on_state_lost(self, how)
+            except Exception:
+                log.exception("state-loss handler failed for %s", self.kind)
 
     async def run(self) -> None:
         """List and watch until cancelled; transient errors back off and resume the watch."""
@@ -179,8 +208,9 @@ class Informer:
                                 "decoding with a deeper limit", self.kind)  # fmt: skip
                     self._deep = True
             except StateLost as err:
-                log.warning("%s: %s; relisting", self.kind, err)
+                self._lost(str(err))
                 self.version = None
+                self.newest = None  # known: the relist starts a new baseline
             except ApiError as err:
                 if err.status.code == 410:
                     log.info("%s watch expired (410 Gone); relisting", self.kind)
@@ -206,26 +236,40 @@ class Informer:
             self.version = await self._list()
             self.relists += 1
             self.down_since = None
-        kwargs: dict[str, Any] = {
-            "labels": self.labels,
-            "resource_version": self.version,
-            "server_timeout": self.watch_timeout,
-        }
-        if self.namespace is not None:
-            kwargs["namespace"] = self.namespace
-        async for event, item in self.client.watch(self.resource, **kwargs):
+        async for event, item in self._watch():
             obj = _plain(item)
             version = (obj.get("metadata") or {}).get("resourceVersion")
             if version is not None:
                 if _older(str(version), self.version):
-                    raise StateLost(f"resourceVersion went backwards ({self.version} -> {version})")
-                self.version = str(version)
+                    what = "a bookmark" if event == "BOOKMARK" else "an event"
+                    raise StateLost(
+                        f"{what} carried resourceVersion {version}, older than {self.version}"
+                    )
+                self.version = self.newest = str(version)
             self.down_since = None
-            if event == "DELETED":
+            if event == "BOOKMARK":
+                self.bookmarks += 1
+            elif event == "DELETED":
                 self._delete(obj)
             elif event in ("ADDED", "MODIFIED"):
                 self._set(obj)
         self.down_since = None  # the server ended the watch normally (its timeout)
+
+    def _watch(self) -> AsyncIterator[tuple[str, Any]]:
+        """The watch from `self.version`, with bookmarks (lightkube's `watch` cannot ask for
+        them); lightkube resumes it from the last version seen when the server ends it."""
+        params: dict[str, Any] = {
+            "timeoutSeconds": self.watch_timeout,
+            "resourceVersion": self.version,
+            "labelSelector": build_selector(self.labels) if self.labels else None,
+            "allowWatchBookmarks": "true",
+        }
+        inner = self.client._client
+        request = inner.prepare_request(
+            "list", res=self.resource, namespace=self.namespace, watch=True, params=params
+        )
+        stream: AsyncIterator[tuple[str, Any]] = inner.watch(request)
+        return stream
 
     def _failing(self) -> None:
         if self.down_since is None:
@@ -235,6 +279,7 @@ class Informer:
         """Drop the watch and list again (the API server lost or rewound its state)."""
         log.warning("%s: %s; relisting", self.kind, reason)
         task = self._current
+        self.newest = None  # the relist starts a new baseline
         if task is not None and not task.done():
             self._relist_requested = True
             task.cancel()

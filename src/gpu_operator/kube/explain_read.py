@@ -135,6 +135,27 @@ async def _logs_for(
     return out
 
 
+async def gpu_pods(client: AsyncClient, node_name: str, namespace: str) -> dict[str, int] | None:
+    """The pods outside the operator's namespace that hold GPUs on the node ("namespace/name" ->
+    GPU resources requested); None when pods cannot be listed in every namespace (RBAC)."""
+    try:
+        pods = await _list(client, resources.POD, namespace=resources.ALL_NAMESPACES,
+                           fields={"spec.nodeName": node_name})  # fmt: skip
+    except ApiError as err:
+        log.debug("listing the pods on %s: %s", node_name, err)
+        return None
+    found: dict[str, int] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        if meta.get("namespace") == namespace or phase in ("Succeeded", "Failed"):
+            continue
+        count = explain.gpu_requests(pod)
+        if count:
+            found[f"{meta.get('namespace')}/{meta.get('name')}"] = count
+    return found
+
+
 async def node_snapshot(
     client: AsyncClient, node_name: str, namespace: str | None = None, *, logs: bool = True
 ) -> explain.NodeFacts:
@@ -181,6 +202,7 @@ async def node_snapshot(
         daemonsets=daemonsets,
         taints=list((node.get("spec") or {}).get("taints") or []),
         startup_taint=await startup_taint(client, ns),
+        gpu_pods=await gpu_pods(client, node_name, ns),
     )
 
 

@@ -62,6 +62,12 @@ class LeaderElector:
         self.clock = clock
         self.is_leader = asyncio.Event()
         self.lost = asyncio.Event()
+        # The Lease as this process last read or wrote it, and when (client-go's observed
+        # record). While it names this process and is younger than its duration, a renewal is
+        # one PUT of it (its resourceVersion makes a changed Lease a conflict); a conflict or
+        # any error falls back to GET + PUT.
+        self._observed: dict[str, Any] | None = None
+        self._observed_at: datetime | None = None
 
     def _spec(self, previous: dict[str, Any] | None) -> dict[str, Any]:
         now = _format(self.clock())
@@ -76,8 +82,37 @@ class LeaderElector:
             "leaseTransitions": transitions if holder == self.identity else transitions + 1,
         }
 
+    def _observe(self, lease: dict[str, Any] | None) -> None:
+        self._observed = lease
+        self._observed_at = self.clock() if lease is not None else None
+
+    def holds_fresh_lease(self) -> bool:
+        """Whether the Lease this process last saw names it and has not expired since."""
+        if self._observed is None or self._observed_at is None:
+            return False
+        spec = self._observed.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return False
+        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
+        return self.clock() < self._observed_at + timedelta(seconds=duration)
+
     async def try_acquire_or_renew(self) -> bool:
-        """One attempt; True when this process holds the lease afterwards."""
+        """One attempt; True when this process holds the lease afterwards.
+
+        Holding a fresh lease, this is one PUT of the cached Lease (client-go's fast path);
+        otherwise, or when that PUT fails, a GET and then a PUT or a create."""
+        if self.holds_fresh_lease() and self._observed is not None:
+            lease = dict(self._observed)
+            lease["spec"] = self._spec(self._observed.get("spec") or {})
+            try:
+                self._observe(dict(await self.client.replace(resources.LEASE(lease))))
+                return True
+            except Exception as err:  # a conflict (someone wrote it) or a failed request
+                log.info("lease renewal without a read failed (%s); reading the lease", err)
+                self._observe(None)
+        return await self._read_and_renew()
+
+    async def _read_and_renew(self) -> bool:
         try:
             lease = dict(
                 await self.client.get(resources.LEASE, self.name, namespace=self.namespace)
@@ -92,7 +127,7 @@ class LeaderElector:
                 "spec": self._spec(None),
             }
             try:
-                await self.client.create(resources.LEASE(body))
+                self._observe(dict(await self.client.create(resources.LEASE(body))))
             except ApiError as create_err:
                 if create_err.status.code == 409:
                     return False
@@ -107,7 +142,7 @@ class LeaderElector:
             return False
         lease["spec"] = self._spec(spec)
         try:
-            await self.client.replace(resources.LEASE(lease))
+            self._observe(dict(await self.client.replace(resources.LEASE(lease))))
         except ApiError as err:
             if err.status.code == 409:  # someone else won the race
                 return False
@@ -158,3 +193,4 @@ class LeaderElector:
             log.warning("could not release the lease: %s", err)
         finally:
             self.is_leader.clear()
+            self._observe(None)

@@ -1,6 +1,8 @@
 """`gpu-operator must-gather`: one tar.gz with what a maintainer needs to debug a GPU cluster.
 
-Never reads a Secret; redacts tokens, passwords and keys in everything it writes. Bounded: each
+Never reads a Secret; every text it writes (logs, objects, Events, explain output, what was left
+out) goes through `redact`, which replaces credentials found by shape or by name, and
+MANIFEST.txt says how many of each kind were replaced. Bounded: each
 log is cut to LOG_TAIL_LINES lines and LOG_LIMIT_BYTES bytes, all logs together to
 TOTAL_LOG_BYTES, and the whole run to a deadline; what was left out is listed in MANIFEST.txt.
 Logs are read PARALLEL at a time and committed in a fixed order, so the archive does not depend
@@ -16,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import re
 import tarfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +28,7 @@ from typing import Any
 import yaml
 from lightkube import AsyncClient
 
-from gpu_operator.kube import explain_read, resources
+from gpu_operator.kube import explain_read, redact, resources
 from gpu_operator.nodes import gate
 from gpu_operator.operands import readiness
 from gpu_operator.status import explain
@@ -43,52 +45,7 @@ EVENT_LIMIT = 10_000
 # Log reads in flight at once: enough to hide the API server -> kubelet round trip of each read,
 # few enough that a debugging run does not load the API server of a struggling cluster.
 PARALLEL = 16
-REDACTED = "<redacted>"
-# Env var / key names whose values are credentials.
-_SECRET_NAME = re.compile(r"token|passw|secret|api[_-]?key|credential|private[_-]?key", re.I)
-_PATTERNS = (
-    (re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), REDACTED),  # JWTs
-    (re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\g<1>" + REDACTED),
-    (
-        re.compile(
-            r"(?i)((?:token|password|passwd|secret|api[_-]?key)[\"']?\s*[:=]\s*[\"']?)"
-            r"(?!<redacted>)[^\s\"',}]+"
-        ),
-        r"\g<1>" + REDACTED,
-    ),
-)
-# Metadata nobody reads in a bug report and that may carry a whole object with its values.
-_DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
-
-
-def redact_text(text: str) -> str:
-    """Text with bearer tokens, JWTs and `token=`/`password:` values replaced."""
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-def redact_object(obj: Any) -> Any:
-    """A copy of an API object without managedFields, last-applied annotations and credential
-    values (env vars and keys named like a token, password, secret or key)."""
-    if isinstance(obj, list):
-        return [redact_object(item) for item in obj]
-    if not isinstance(obj, dict):
-        return redact_text(obj) if isinstance(obj, str) else obj
-    out: Obj = {}
-    for key, value in obj.items():
-        if key == "managedFields":
-            continue
-        if key == "annotations" and isinstance(value, dict):
-            value = {k: v for k, v in value.items() if k not in _DROPPED_ANNOTATIONS}
-        if key == "value" and isinstance(obj.get("name"), str) and _SECRET_NAME.search(obj["name"]):
-            out[key] = REDACTED
-            continue
-        if isinstance(value, str) and _SECRET_NAME.search(key) and key != "secretName":
-            out[key] = REDACTED
-            continue
-        out[key] = redact_object(value)
-    return out
+REDACTED = redact.REDACTED
 
 
 # libyaml's emitter when PyYAML has it: the pure-Python one takes minutes for 20,000 pods.
@@ -97,22 +54,38 @@ _Dumper: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 @dataclass
 class Archive:
-    """The archive being built, in memory, and what was left out."""
+    """The archive being built, in memory, what was left out and what was redacted (per kind).
+
+    Objects are redacted as objects, before they become YAML or JSON: names are still keys
+    then, and no line folding can split a value."""
 
     files: dict[str, bytes] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)
     log_bytes: int = 0
+    redacted: Counter[str] = field(default_factory=Counter)
 
     def add(self, path: str, text: str) -> None:
-        self.files[f"{ROOT}/{path}"] = redact_text(text).encode()
+        """Add a text, redacted."""
+        clean, counts = redact.redact_text(text)
+        self.redacted.update(counts)
+        self.files[f"{ROOT}/{path}"] = clean.encode()
 
     def add_redacted(self, path: str, data: bytes) -> None:
-        """Add bytes that went through `redact_text` already (the logs)."""
+        """Add bytes that went through `redact` already (the logs, MANIFEST.txt)."""
         self.files[f"{ROOT}/{path}"] = data
 
     def add_objects(self, path: str, objects: list[Obj]) -> None:
-        documents = [redact_object(o) for o in objects]
-        self.add(path, yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False))
+        """Add API objects as a YAML stream, redacted."""
+        documents, counts = redact.redact_value(objects)
+        self.redacted.update(counts)
+        text = yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False)
+        self.add_redacted(path, text.encode())
+
+    def add_json(self, path: str, value: Any) -> None:
+        """Add a JSON document, redacted."""
+        clean, counts = redact.redact_value(value)
+        self.redacted.update(counts)
+        self.add_redacted(path, json.dumps(clean, indent=2).encode())
 
     def tar_gz(self) -> bytes:
         buffer = io.BytesIO()
@@ -176,6 +149,8 @@ class Logs:
     left_out: list[str] = field(default_factory=list)
     bytes: int = 0
     requests: int = 0
+    # What redaction replaced in the kept logs and in the reasons of the ones left out.
+    redacted: Counter[str] = field(default_factory=Counter)
 
 
 def cut(data: bytes, limit: int) -> bytes:
@@ -204,6 +179,8 @@ async def collect_logs(
     first log that does not fit in what `total_bytes` leaves: the limit is exact and the archive
     is the one a sequential run would make. No read starts once the budget is spent. Reads still
     in flight at the timeout are cancelled; they and the ones never started are listed.
+    Each log is redacted before it is cut to `per_log_bytes`; its counts are those of the log
+    as read.
     """
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, not {parallel}")
@@ -224,17 +201,21 @@ async def collect_logs(
             result, results[committed] = results[committed], None
             path = reads[committed].path
             if isinstance(result, str):  # the reason the read failed
-                logs.left_out.append(f"{path}: {result}")
-            elif not isinstance(result, bytes):  # pragma: no cover - only bytes and str are stored
+                reason, counts = redact.redact_text(result)
+                logs.redacted.update(counts)
+                logs.left_out.append(f"{path}: {reason}")
+            elif not isinstance(result, tuple):  # pragma: no cover - only these are stored
                 raise AssertionError(result)
-            elif full or logs.bytes + len(result) > total_bytes:
+            elif full or logs.bytes + len(result[0]) > total_bytes:
                 full = True
-                waiting -= len(result)
+                waiting -= len(result[0])
                 logs.left_out.append(f"{path}: total log limit")
             else:
-                waiting -= len(result)
-                logs.bytes += len(result)
-                logs.files.append((path, result))
+                data, counts = result
+                waiting -= len(data)
+                logs.bytes += len(data)
+                logs.files.append((path, data))
+                logs.redacted.update(counts)
             committed += 1
 
     async def worker() -> None:
@@ -247,8 +228,9 @@ async def collect_logs(
             except Exception as exc:  # one failed read must not lose the archive
                 results[index] = f"read failed: {exc}"
             else:
-                data = cut(redact_text(text).encode(), per_log_bytes)
-                results[index] = data
+                clean, counts = redact.redact_text(text)
+                data = cut(clean.encode(), per_log_bytes)
+                results[index] = (data, counts)
                 waiting += len(data)
             finished += 1
             progress("logs", finished, len(reads))
@@ -415,7 +397,11 @@ async def gather(
         )
     archive.add_objects(f"namespaces/{ns}/events.yaml", kept)
     if policy is not None:
-        archive.add("rendered.yaml", _rendered(policy, nodes, ns))
+        rendered = _rendered(policy, nodes, ns)
+        if isinstance(rendered, str):
+            archive.add("rendered.yaml", rendered)
+        else:
+            archive.add_objects("rendered.yaml", rendered)
     by_app: dict[str, Obj] = {}
     for ds in daemonsets:
         meta = ds.get("metadata") or {}
@@ -428,7 +414,7 @@ async def gather(
     for node in nodes:
         name = str(node["metadata"]["name"])
         facts = facts_for(node, pods_by_node.get(name, []), index, by_app, policy, taint)
-        archive.add(f"explain/{name}.json", json.dumps(explain.explain(facts).to_dict(), indent=2))
+        archive.add_json(f"explain/{name}.json", explain.explain(facts).to_dict())
 
     async def read(item: LogRead) -> str:
         return await explain_read.pod_log(
@@ -444,22 +430,37 @@ async def gather(
         archive.add_redacted(path, data)
     archive.log_bytes = logs.bytes
     archive.left_out.extend(logs.left_out)
+    archive.redacted.update(logs.redacted)
     manifest = [
         f"gpu-operator must-gather: namespace {ns}, {len(nodes)} GPU node(s), "
         f"{len(pods)} pod(s), {logs.requests} log request(s) ({parallel} at a time), "
         f"{time.monotonic() - start:.1f}s",
         f"limits: {LOG_TAIL_LINES} lines and {LOG_LIMIT_BYTES} bytes per log, "
         f"{total_log_bytes} bytes of logs in all, {EVENT_LIMIT} events, {deadline:.0f}s",
+        *redaction_lines(archive.redacted),
         "left out:",
         *(f"  {item}" for item in archive.left_out or ["nothing"]),
         "files:",
         *(f"  {n.removeprefix(ROOT + '/')}" for n in sorted(archive.files)),
     ]
-    archive.add("MANIFEST.txt", "\n".join(manifest) + "\n")
+    # Written as is: its lines are redacted already, and the kinds' descriptions would be
+    # taken for credentials (`token=`).
+    archive.add_redacted("MANIFEST.txt", ("\n".join(manifest) + "\n").encode())
     return archive
 
 
-def _rendered(policy: Obj, nodes: list[Obj], namespace: str) -> str:
+def redaction_lines(counts: Counter[str]) -> list[str]:
+    """MANIFEST.txt's account of what was redacted: each kind found, how many, what it covers."""
+    found = [kind for kind in redact.KINDS if counts.get(kind)]
+    lines = [
+        f"redacted (values replaced by {REDACTED} in the files below; Secrets are never read): "
+        f"{sum(counts[k] for k in found) or 'nothing'}"
+    ]
+    lines.extend(f"  {kind}: {counts[kind]} ({redact.KINDS[kind]})" for kind in found)
+    return lines
+
+
+def _rendered(policy: Obj, nodes: list[Obj], namespace: str) -> list[Obj] | str:
     """What the operator renders for the live policy and these nodes (as `gpu-operator render`)."""
     from gpu_operator import api
     from gpu_operator.controller import facts as facts_mod
@@ -481,4 +482,4 @@ def _rendered(policy: Obj, nodes: list[Obj], namespace: str) -> str:
         if state.error is not None:
             documents.append({"state": state.name, "error": state.error})
         documents.extend(state.objects)
-    return yaml.safe_dump_all([redact_object(d) for d in documents], sort_keys=False)
+    return documents

@@ -29,13 +29,19 @@ log = logging.getLogger(__name__)
 
 
 def content_hash(obj: dict[str, Any]) -> str:
-    """A stable hash of an object's desired content (our own hash annotation excluded)."""
-    clean = copy.deepcopy(obj)
+    """A stable hash of an object's desired content (our own hash annotation excluded).
+
+    Every pass hashes every rendered object: only the dicts on the way to the annotation are
+    copied (a deep copy of each DaemonSet cost more than the hash)."""
+    clean = dict(obj)
     meta = clean.get("metadata") or {}
     annotations = meta.get("annotations")
     if annotations is not None:
-        annotations.pop(keys.LAST_APPLIED_HASH, None)
-        if not annotations:
+        meta = clean["metadata"] = dict(meta)
+        kept = {k: v for k, v in annotations.items() if k != keys.LAST_APPLIED_HASH}
+        if kept:
+            meta["annotations"] = kept
+        else:
             del meta["annotations"]
     encoded = json.dumps(clean, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:20]

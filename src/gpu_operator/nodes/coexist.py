@@ -6,10 +6,14 @@ Three cases (docs/coexistence.md):
   for AKS node pools created without `--gpu-driver none`), or NFD's NodeFeature for the node lists
   the `nvidia` kernel module as loaded while the operator never deployed its driver there (an AKS
   node image that brings the driver, a hand-installed one). Two drivers on one host never work.
-- foreign-device-plugin: `nvidia.com/gpu` capacity on a node where our device plugin has not
-  been deployed: someone else's plugin (AKS managed GPU pools, a hand-installed DaemonSet)
-  advertises the GPUs, and it found a working driver. Two plugins for one resource make the
-  kubelet keep only the last registration and break the other's allocations.
+- foreign-device-plugin: a device plugin that is not ours serves `nvidia.com/gpu` on a node where
+  our device plugin has not been deployed: a GKE node whose labels say GKE runs its own plugin,
+  a label rule the admin adds (AKS managed GPU pools), or allocatable `nvidia.com/gpu` (a plugin
+  registered with the kubelet now) with no pod of our plugin on the node, for longer than the
+  kubelet takes to report a plugin that left. Capacity without allocatable is what a plugin
+  that went away leaves behind for the kubelet's grace period (ours after `helm uninstall` or
+  a switch to a VM workload): never a finding. Two plugins for one resource make the kubelet
+  keep only the last registration and break the other's allocations.
 - dra-driver: ResourceSlices of NVIDIA's DRA driver (`gpu.nvidia.com`) for the node. DRA and the
   device plugin on one node admit the same GPU twice (NVIDIA/aicr PR #332).
 
@@ -40,6 +44,16 @@ DRA_DRIVER = "gpu.nvidia.com"
 GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
 ENV_PREFIX = "COEXIST_"
 ENV_LABELS = "COEXIST_MANAGED_DRIVER_LABELS"
+ENV_PLUGIN_LABELS = "COEXIST_FOREIGN_DEVICE_PLUGIN_LABELS"
+# GKE runs its own device plugin (a kube-system DaemonSet) on every node with an accelerator
+# unless the node carries `gke-no-default-nvidia-gpu-device-plugin=true` (the label GKE's and
+# NVIDIA's docs give node pools that run NVIDIA's operator).
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+GKE_NO_PLUGIN_LABEL = "gke-no-default-nvidia-gpu-device-plugin"
+# How long a node must serve GPUs with none of our plugin in sight before that is a foreign
+# plugin: the kubelet writes its node status every 10 s by default, so allocatable GPUs may still
+# show for that long after our plugin's pod is gone. Twice that.
+CONFIRM_AFTER = 20.0
 DEVICE_PLUGIN = "device-plugin"
 DRIVER = "driver"
 # NFD's kernel feature that lists the loaded modules (nfd-worker reads /proc/modules): a "flags"
@@ -94,6 +108,10 @@ class CoexistPolicy:
     foreign_device_plugin: Action = "adapt"
     dra_driver: Action = "adapt"
     managed_driver_labels: tuple[LabelRule, ...] = (LabelRule(GKE_DRIVER_LABEL, "disabled", True),)
+    # Label rules that mark pools whose cloud runs its own device plugin (GKE's is built in).
+    foreign_plugin_labels: tuple[LabelRule, ...] = ()
+    # Seconds a node must serve GPUs with none of our plugin in sight to be a foreign plugin.
+    confirm_after: float = CONFIRM_AFTER
 
     def action(self, case: Case) -> Action:
         action: Action = getattr(self, case.replace("-", "_"))
@@ -102,7 +120,8 @@ class CoexistPolicy:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CoexistPolicy:
         """COEXIST_MANAGED_DRIVER, COEXIST_FOREIGN_DEVICE_PLUGIN, COEXIST_DRA_DRIVER (adapt, refuse
-        or ignore) and COEXIST_MANAGED_DRIVER_LABELS (comma-separated rules, added to GKE's)."""
+        or ignore), COEXIST_MANAGED_DRIVER_LABELS (comma-separated rules, added to GKE's) and
+        COEXIST_FOREIGN_DEVICE_PLUGIN_LABELS (comma-separated rules, added to GKE's check)."""
         values: dict[str, object] = {}
         for case in CASES:
             name = ENV_PREFIX + case.replace("-", "_").upper()
@@ -116,16 +135,27 @@ class CoexistPolicy:
         rules = tuple(LabelRule.parse(part) for part in extra.split(",") if part.strip())
         if rules:
             values["managed_driver_labels"] = (*cls.managed_driver_labels, *rules)
+        extra = environ.get(ENV_PLUGIN_LABELS, "")
+        plugin_rules = tuple(
+            LabelRule.parse(part, ENV_PLUGIN_LABELS) for part in extra.split(",") if part.strip()
+        )
+        if plugin_rules:
+            values["foreign_plugin_labels"] = plugin_rules
         return cls(**values)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class NodeFacts:
     """What the detector reads about one node: labels (all of them, cloud labels included), the
-    advertised `nvidia.com/gpu` capacity, and the DRA GPU ResourceSlices that name the node."""
+    advertised `nvidia.com/gpu` capacity and allocatable, and the DRA GPU ResourceSlices that
+    name the node."""
 
     labels: Mapping[str, str]
     gpu_capacity: int = 0
+    # The kubelet counts a plugin's healthy devices as allocatable while the plugin is registered;
+    # when a plugin goes away its devices turn unhealthy (allocatable 0) and the capacity stays
+    # for a grace period (5 minutes): capacity alone does not mean a plugin runs.
+    gpu_allocatable: int = 0
     dra_slices: Sequence[str] = ()
     # The operator's label ledger says it deployed its device plugin here (`true`): the capacity
     # is then ours even while the plugin is paused or restarting (the kubelet keeps capacity).
@@ -136,6 +166,15 @@ class NodeFacts:
     # The operator deployed its own driver here (ledger entry or label `true`): a loaded module
     # is then its own driver's, now or after a restart, and never a finding.
     driver_ledgered: bool = False
+    # A pod of the operator's device-plugin DaemonSet is on the node (running, or terminating
+    # after `helm uninstall` or a workload switch): the GPUs it serves are ours.
+    plugin_pod: bool = False
+    # The node carries the detector's own `device-plugin=false` (ledger): a foreign plugin was
+    # found and confirmed before (by this operator process or an earlier one).
+    plugin_adapted: bool = False
+    # Seconds since the labeller first saw the node serve GPUs with none of our plugin in sight
+    # (the outcome's `unexplained`); None: not until now.
+    unexplained_for: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +206,10 @@ class Outcome:
     findings: list[Finding] = field(default_factory=list)
     overrides: dict[str, str] = field(default_factory=dict)
     refused: bool = False
+    # The node serves GPUs with none of our plugin in sight: the labeller times how long.
+    unexplained: bool = False
+    # Above 0: hold the node (no label change) and look again after this many seconds.
+    wait: float = 0.0
 
 
 # What the driver manager writes into the deploy labels it pauses.
@@ -181,8 +224,53 @@ def _our_plugin_deployed(labels: Mapping[str, str]) -> bool:
     return value == "true" or PAUSED in value
 
 
+def cloud_plugin(labels: Mapping[str, str], policy: CoexistPolicy) -> str:
+    """The labels that say the cloud runs its own device plugin on the node ("" if none)."""
+    shown = []
+    accelerator = labels.get(GKE_ACCELERATOR_LABEL)
+    if accelerator and labels.get(GKE_NO_PLUGIN_LABEL) != "true":
+        shown.append(f"{GKE_ACCELERATOR_LABEL}={accelerator} without {GKE_NO_PLUGIN_LABEL}=true")
+    shown += [f"{r.key}={labels[r.key]}" for r in policy.foreign_plugin_labels if r.matches(labels)]
+    return ", ".join(shown)
+
+
+def _foreign_plugin(node: NodeFacts, policy: CoexistPolicy) -> tuple[str, bool, float]:
+    """The evidence of a device plugin that is not ours ("" if none), whether the node serves
+    GPUs with none of our plugin in sight, and how long to hold the node before those GPUs
+    count as another plugin's (0: no hold)."""
+    if node.plugin_ledgered or _our_plugin_deployed(node.labels):
+        return "", False, 0.0  # the operator's plugin is deployed here: the GPUs are (also) ours
+    # Capacity with nothing allocatable is left over by a plugin that went away; GPUs served
+    # while a pod of our plugin is on the node are that pod's.
+    unexplained = node.gpu_allocatable > 0 and not node.plugin_pod
+    advertised = (
+        f"the node advertises {node.gpu_capacity} {GPU_RESOURCE} ({node.gpu_allocatable} "
+        "allocatable)"
+    )
+    labels = cloud_plugin(node.labels, policy)
+    if labels:
+        evidence = f"the node's labels say the cloud runs its own device plugin ({labels})"
+        return (f"{evidence}; {advertised}" if node.gpu_capacity else evidence), unexplained, 0.0
+    if not unexplained:
+        return "", False, 0.0
+    waited = node.unexplained_for
+    confirm = policy.confirm_after
+    if confirm > 0 and not node.plugin_adapted and (waited is None or waited < confirm):
+        return "", True, max(confirm - (waited or 0.0), 0.01)
+    evidence = (
+        f"{advertised} while the operator's device plugin is neither deployed nor running there "
+        "(another device plugin is registered with the kubelet)"
+    )
+    return evidence, True, 0.0
+
+
 def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
-    """The findings on one GPU node and the deploy labels they impose."""
+    """The findings on one GPU node and the deploy labels they impose; or, while the node
+    serves GPUs with none of our plugin in sight for less than `policy.confirm_after`, only
+    how long to hold it."""
+    plugin, unexplained, wait = _foreign_plugin(node, policy)
+    if wait > 0:
+        return Outcome(unexplained=True, wait=wait)
     found: list[Finding] = []
     driver_evidence = []
     rules = [r for r in policy.managed_driver_labels if r.matches(node.labels)]
@@ -198,12 +286,8 @@ def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
     if driver_evidence:
         evidence = "; ".join(driver_evidence)
         found.append(Finding("managed-driver", policy.managed_driver, evidence))
-    if node.gpu_capacity > 0 and not node.plugin_ledgered and not _our_plugin_deployed(node.labels):
-        found.append(Finding(
-            "foreign-device-plugin", policy.foreign_device_plugin,
-            f"the node already advertises {node.gpu_capacity} {GPU_RESOURCE} while the "
-            "operator's device plugin is not deployed there (another device plugin runs)",
-        ))  # fmt: skip
+    if plugin:
+        found.append(Finding("foreign-device-plugin", policy.foreign_device_plugin, plugin))
     if node.dra_slices:
         found.append(Finding(
             "dra-driver", policy.dra_driver,
@@ -211,7 +295,7 @@ def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
             f"({', '.join(sorted(node.dra_slices)[:3])}): DRA and the device plugin on one node "
             "admit the same GPU twice",
         ))  # fmt: skip
-    out = Outcome(findings=found)
+    out = Outcome(findings=found, unexplained=unexplained)
     for finding in found:
         if finding.action == "refuse":
             out.refused = True
@@ -223,12 +307,18 @@ def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
     return out
 
 
-def adapted_preinstalled(labels: Mapping[str, str], outcome: Outcome) -> bool:
-    """Whether the node's `pre-installed` driver label is the detector's doing (and still
-    warranted): then the ClusterPolicy status reports the finding, not a conflict."""
-    return outcome.overrides.get(DRIVER) == keys.DRIVER_PREINSTALLED and (
-        labels.get(keys.DEPLOY_DRIVER) == keys.DRIVER_PREINSTALLED
-    )
+def adapted_preinstalled(
+    labels: Mapping[str, str], outcome: Outcome, owned: Mapping[str, str] | None = None
+) -> bool:
+    """Whether the node's `pre-installed` driver label is the detector's doing: still warranted
+    (then the ClusterPolicy status reports the finding, not a conflict), or written by the
+    operator per its ledger `owned` (the operator writes that value only as the detector's
+    adapt; when the evidence went, the write that takes it back is on its way)."""
+    if labels.get(keys.DEPLOY_DRIVER) != keys.DRIVER_PREINSTALLED:
+        return False
+    if outcome.overrides.get(DRIVER) == keys.DRIVER_PREINSTALLED:
+        return True
+    return (owned or {}).get(keys.DEPLOY_DRIVER) == keys.DRIVER_PREINSTALLED
 
 
 def summary(findings: Mapping[str, Sequence[Finding]], shown: int = 3) -> str:

@@ -6,7 +6,7 @@ change on one node never causes a pass over the whole cluster.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_operator.api import ClusterPolicy, enablement, keys
@@ -323,3 +323,24 @@ def plan_cleanup(labels: Mapping[str, str], annotations: Mapping[str, str]) -> N
     plan = writer.finish(annotations)
     _set_annotation(plan, annotations, keys.UPGRADE_ENABLED, None)
     return plan
+
+
+def pending_message(gpu_nodes: Sequence[str], other_nodes: Sequence[str], shown: int = 3) -> str:
+    """What the node-labelling state says while nodes wait for their labels: GPU nodes are being
+    labelled; a node where NFD reports no NVIDIA GPU only gets checked (labels the operator left
+    there are removed), so it is counted and never said to be labelled."""
+    parts = []
+    if gpu_nodes:
+        parts.append(f"labelling {_counted(gpu_nodes, 'GPU node', shown)}")
+    if other_nodes:
+        parts.append(f"checking {_counted(other_nodes, 'node without an NFD GPU label', shown)}")
+    return "; ".join(parts)
+
+
+def _counted(names: Sequence[str], noun: str, shown: int) -> str:
+    """`2 GPU nodes (a, b)`, `5 GPU nodes (a, b, c and 2 more)`."""
+    listed = ", ".join(names[:shown])
+    if len(names) > shown:
+        listed += f" and {len(names) - shown} more"
+    plural = noun.replace("node", "nodes", 1) if len(names) != 1 else noun
+    return f"{len(names)} {plural} ({listed})"

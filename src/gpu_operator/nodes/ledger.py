@@ -7,6 +7,7 @@ only ever change or remove a label while it still holds the value we wrote.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 
@@ -26,13 +27,20 @@ def read(annotations: Mapping[str, str]) -> dict[str, str]:
     raw = annotations.get(ANNOTATION)
     if not raw:
         return {}
+    return dict(_decode(str(raw)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode(raw: str) -> tuple[tuple[str, str], ...]:
+    """A ledger annotation's entries, decoded once per distinct value: the status and upgrade
+    passes read every node's ledger on every pass, and a fleet's ledgers are mostly alike."""
     try:
         loaded = json.loads(raw)
     except json.JSONDecodeError:
-        return {}  # a mangled ledger: own nothing rather than guess
+        return ()  # a mangled ledger: own nothing rather than guess
     if not isinstance(loaded, dict):
-        return {}
-    return {str(k): str(v) for k, v in loaded.items()}
+        return ()
+    return tuple((str(k), str(v)) for k, v in loaded.items())
 
 
 def encode(owned: Mapping[str, str]) -> str | None:

@@ -69,6 +69,27 @@ class Fabric(_Strict):
     status: int = pydantic.Field(default=0, ge=0)
 
 
+class Host(_Strict):
+    """The host around the GPUs: its processors (one NUMA node per socket, Linux's CPU numbering:
+    every socket's first hardware threads, then their siblings) and its RDMA NICs (`mlx5_<n>`),
+    which sit on the PCIe switches of the GPUs they serve, spread evenly in index order."""
+
+    sockets: int = pydantic.Field(default=2, ge=1, le=8)
+    cores_per_socket: int = pydantic.Field(default=32, alias="coresPerSocket", ge=1, le=512)
+    threads_per_core: int = pydantic.Field(default=2, alias="threadsPerCore", ge=1, le=2)
+    nics: int = pydantic.Field(default=0, ge=0, le=16)
+
+    def node_cpus(self, node: int) -> tuple[int, ...]:
+        """The logical CPUs of NUMA node `node` (its socket's cores and their siblings)."""
+        total = self.sockets * self.cores_per_socket
+        first = node * self.cores_per_socket
+        return tuple(
+            thread * total + first + core
+            for thread in range(self.threads_per_core)
+            for core in range(self.cores_per_socket)
+        )
+
+
 class Vgpu(_Strict):
     host_driver_version: str = pydantic.Field(alias="hostDriverVersion")
     host_driver_branch: str = pydantic.Field(alias="hostDriverBranch")
@@ -113,6 +134,16 @@ class MachineSpec(_Strict):
     gpus: tuple[GpuGroup, ...] = pydantic.Field(min_length=1)
     fabric: Fabric | None = None
     vgpu: Vgpu | None = None
+    host: Host = pydantic.Field(default_factory=Host)
+
+    @pydantic.model_validator(mode="after")
+    def _nics_fit(self) -> MachineSpec:
+        if self.host.nics > 2 * self.gpu_count:
+            raise ValueError(
+                f"host.nics: {self.host.nics} NICs for {self.gpu_count} GPU(s); at most two "
+                "per GPU share its PCIe switch"
+            )
+        return self
 
     @property
     def nvml_version(self) -> str:
@@ -140,34 +171,50 @@ class MachineSpec(_Strict):
         return len(models) == 8 and len({m.key for m in models}) == 1 and models[0].nvlink_count > 0
 
 
-def _board(name: str, product: str, model: str, count: int, **extra: object) -> MachineSpec:
+def _board(
+    name: str,
+    product: str,
+    model: str,
+    count: int,
+    host: dict[str, int] | None = None,
+    **extra: object,
+) -> MachineSpec:
     data: dict[str, object] = {
         "name": name,
         "productName": product,
         "gpus": [{"model": model, "count": count, **extra}],
     }
+    if host is not None:
+        data["host"] = host
     return MachineSpec.model_validate(data)
+
+
+# DGX A100: two 64-core AMD EPYC 7742; DGX H100/H200 and HGX B200 boards: two 56-core Xeons. Each
+# has one compute ConnectX NIC per GPU (the storage NICs are not modelled).
+_EPYC_7742 = {"coresPerSocket": 64, "nics": 8}
+_XEON_56 = {"coresPerSocket": 56, "nics": 8}
 
 
 def _presets() -> dict[str, MachineSpec]:
     a100 = "A100-SXM4-40GB"
     presets = [
-        _board("dgx-a100", "NVIDIA DGX A100", a100, 8),
-        _board("dgx-a100-80gb", "NVIDIA DGX A100 80GB", "A100-SXM4-80GB", 8),
-        _board("dgx-h100", "NVIDIA DGX H100", "H100-SXM5-80GB", 8),
-        _board("dgx-h200", "NVIDIA DGX H200", "H200-141GB", 8),
-        _board("hgx-b200", "NVIDIA HGX B200", "B200", 8),
+        _board("dgx-a100", "NVIDIA DGX A100", a100, 8, _EPYC_7742),
+        _board("dgx-a100-80gb", "NVIDIA DGX A100 80GB", "A100-SXM4-80GB", 8, _EPYC_7742),
+        _board("dgx-h100", "NVIDIA DGX H100", "H100-SXM5-80GB", 8, _XEON_56),
+        _board("dgx-h200", "NVIDIA DGX H200", "H200-141GB", 8, _XEON_56),
+        _board("hgx-b200", "NVIDIA HGX B200", "B200", 8, _XEON_56),
         _board("t4x4", "ProLiant DL380 Gen10", "T4", 4),
         _board("l4x8", "PowerEdge R760xa", "L4", 8),
         _board("a30x4", "PowerEdge R750xa", "A30-24GB", 4),
         _board("l40sx4", "PowerEdge R760xa", "L40S", 4),
-        _board("hgx-b300", "NVIDIA HGX B300", "B300", 8),
+        _board("hgx-b300", "NVIDIA HGX B300", "B300", 8, {"nics": 8}),
         _board("rtx-pro-6000x8", "NVIDIA RTX PRO Server", "RTX-PRO-6000", 8),
         _board(
             "dgx-a100-mig-single",
             "NVIDIA DGX A100",
             a100,
             8,
+            _EPYC_7742,
             migEnabled=True,
             migDevices=["1g.5gb"] * 7,
         ),
@@ -176,6 +223,7 @@ def _presets() -> dict[str, MachineSpec]:
             "NVIDIA DGX A100",
             a100,
             8,
+            _EPYC_7742,
             migEnabled=True,
             migDevices=["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"],
         ),

@@ -123,6 +123,16 @@ class _Gpu:
 
 
 @dataclass(frozen=True)
+class Nic:
+    """An RDMA NIC of the host (`mlx5_<n>`), on the PCIe switch of GPU `gpu`. NVML does not
+    report NICs; `nvidia-smi topo -m` finds them on the PCI bus, as `MockMachine.nics` stands in."""
+
+    name: str
+    bus_id: str
+    gpu: int
+
+
+@dataclass(frozen=True)
 class Workload:
     """A simulated job started by `MockMachine.start_workload`: (GPU index, pid) per device."""
 
@@ -185,6 +195,13 @@ class MockMachine:
                     phase=(_mix(self.seed, i, 7) % 6283) / 1000.0,
                 )
             )
+        self.nics: list[Nic] = []
+        for k in range(spec.host.nics):
+            near = k * len(self.gpus) // spec.host.nics
+            beside = sum(1 for nic in self.nics if nic.gpu == near)
+            domain, gpu_bus, rest = self.gpus[near].bus_id.split(":")
+            nic_bus = int(gpu_bus, 16) + 2 + beside
+            self.nics.append(Nic(f"mlx5_{k}", f"{domain}:{nic_bus:02X}:{rest}", near))
         self._apply_initial_layout()
 
     @classmethod
@@ -333,6 +350,10 @@ class MockMachine:
             if g.recovery is p.RecoveryAction.NONE:  # a pending action stays until the reset
                 g.recovery = recovery
             self._emit(g, p.EventType.XID_CRITICAL, xid, gpu_instance_id, compute_instance_id)
+            # XID 79 is the driver saying the GPU fell off the bus: from then on NVML answers
+            # GPU_IS_LOST for every call on it (no utilisation, memory or power) until a reset.
+            if xid == XID_FALLEN_OFF_BUS:
+                g.lost = True
 
     def inject_ecc_error(self, gpu: int, *, uncorrected: bool = False, count: int = 1) -> None:
         """Count `count` ECC errors on `gpu` and raise the matching single/double-bit event."""
@@ -352,12 +373,7 @@ class MockMachine:
 
     def fall_off_bus(self, gpu: int) -> None:
         """Lose `gpu`: XID 79 is raised and every later call on it fails with GpuLost."""
-        with self.lock:
-            g = self._gpu(gpu)
-            self._emit(g, p.EventType.XID_CRITICAL, XID_FALLEN_OFF_BUS, None, None)
-            g.lost = True
-            if g.recovery is p.RecoveryAction.NONE:
-                g.recovery = p.RecoveryAction.GPU_RESET
+        self.inject_xid(gpu, XID_FALLEN_OFF_BUS)
 
     def reset(self, gpu: int) -> None:
         """Simulate `nvidia-smi -r`: apply pending MIG mode, clear volatile ECC and the recovery
@@ -467,6 +483,36 @@ class MockMachine:
         raise ValueError(f"{self.spec.name} has no GPU or MIG device with UUID {uuid!r}")
 
     # -- internals shared with handles -----------------------------------------------------
+
+    def socket_of(self, gpu: int) -> int:
+        """The socket (NUMA node) GPU `gpu` hangs off: four GPUs per socket in index order, the
+        last socket taking any others."""
+        return min(gpu // 4, self.spec.host.sockets - 1)
+
+    def _slot(self, bus_id: str) -> tuple[int, int] | None:
+        """(PCIe switch, socket) of the GPU or NIC at `bus_id`; two GPUs share a switch."""
+        wanted = bus_id.upper()
+        for g in self.gpus:
+            if g.bus_id == wanted:
+                return g.index // 2, self.socket_of(g.index)
+        for nic in self.nics:
+            if nic.bus_id == wanted:
+                return nic.gpu // 2, self.socket_of(nic.gpu)
+        return None
+
+    def pci_common_ancestor(self, bus_a: str, bus_b: str) -> p.TopologyLevel:
+        """Where the paths of two of the host's PCI devices (GPUs, NICs; NVML bus ids) meet:
+        the same switch (SINGLE), the same socket (NODE) or across sockets (SYSTEM)."""
+        a, b = self._slot(bus_a), self._slot(bus_b)
+        if a is None or b is None:
+            raise ValueError(f"{self.spec.name} has no PCI device {bus_a if a is None else bus_b}")
+        if bus_a.upper() == bus_b.upper():
+            return p.TopologyLevel.INTERNAL
+        if a[0] == b[0]:
+            return p.TopologyLevel.SINGLE
+        if a[1] == b[1]:
+            return p.TopologyLevel.NODE
+        return p.TopologyLevel.SYSTEM
 
     def _gpu(self, index: int) -> _Gpu:
         if not 0 <= index < len(self.gpus):
@@ -1175,14 +1221,17 @@ class MockDevice(_Handle):
         with self._m.lock:
             self._enter("topology_common_ancestor")
             j = other.index()
-            i = self._g.index
-            if i == j:
-                return p.TopologyLevel.INTERNAL
-            if i // 2 == j // 2:
-                return p.TopologyLevel.SINGLE
-            if i // 4 == j // 4:
-                return p.TopologyLevel.NODE
-            return p.TopologyLevel.SYSTEM
+            return self._m.pci_common_ancestor(self._g.bus_id, self._m.gpus[j].bus_id)
+
+    def cpu_affinity(self) -> tuple[int, ...]:
+        with self._m.lock:
+            self._enter("cpu_affinity")
+            return self._m.spec.host.node_cpus(self._m.socket_of(self._g.index))
+
+    def memory_affinity(self) -> tuple[int, ...]:
+        with self._m.lock:
+            self._enter("memory_affinity")
+            return (self._m.socket_of(self._g.index),)
 
     def fabric_info(self) -> p.FabricInfo:
         with self._m.lock:
@@ -1368,6 +1417,12 @@ class MockMigDevice(MockDevice):
     def nvlink_remote_pci_bus_id(self, link: int) -> str:
         raise self._not_for_mig("nvlink_remote_pci_bus_id")
 
+    def cpu_affinity(self) -> tuple[int, ...]:
+        raise self._not_for_mig("cpu_affinity")
+
+    def memory_affinity(self) -> tuple[int, ...]:
+        raise self._not_for_mig("memory_affinity")
+
 
 class MockEventSet:
     """An NVML event set: registrations per GPU and a queue that `wait` blocks on."""
@@ -1518,6 +1573,11 @@ class MockNvml:
                     return MockDevice(self, g)
                 for gi, ci in g.mig_devices():
                     if ci.uuid == uuid:
+                        if g.lost:
+                            raise errors.GpuLost(
+                                f"GPU {g.index} ({g.uuid}), the parent of {uuid}, has fallen "
+                                "off the bus"
+                            )
                         return MockMigDevice(self, g, gi, ci)
             raise errors.NotFound(f"no GPU or MIG device with UUID {uuid}")
 

@@ -513,6 +513,23 @@ class MockPynvml:
     def nvmlDeviceGetTopologyCommonAncestor(self, a: _Device, b: _Device) -> int:
         return int(self._do(a.inner.topology_common_ancestor, b.inner))
 
+    @staticmethod
+    def _mask(ids: tuple[int, ...], words: int) -> list[int]:
+        """An affinity bitmask of `words` 64-bit words (ids beyond them do not fit, as in C)."""
+        mask = [0] * words
+        for i in ids:
+            if i < 64 * words:
+                mask[i // 64] |= 1 << (i % 64)
+        return mask
+
+    def nvmlDeviceGetCpuAffinity(self, h: _Device, size: int) -> list[int]:
+        return self._mask(self._do(h.inner.cpu_affinity), size)
+
+    def nvmlDeviceGetMemoryAffinity(self, h: _Device, size: int, scope: int) -> list[int]:
+        if scope not in (0, 1):  # NVML_AFFINITY_SCOPE_NODE, _SOCKET (one node per socket here)
+            raise NVMLError(errors.ERROR_INVALID_ARGUMENT)
+        return self._mask(self._do(h.inner.memory_affinity), size)
+
     def _fill_fabric(self, h: _Device, ref: Any) -> None:
         info = self._do(h.inner.fabric_info)
         target = getattr(ref, "_obj", ref)

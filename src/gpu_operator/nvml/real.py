@@ -65,7 +65,18 @@ _FIELD_ABSENT = frozenset(
 )
 # A versioned call the driver predates (the library has the symbol or the version, not both).
 _ARGUMENT_VERSION_MISMATCH = 25
+# Affinity masks: 64-bit words, one bit per logical CPU (room for 4096) or NUMA node (64).
+_CPU_SET_WORDS = 64
+_NODE_SET_WORDS = 1
+_AFFINITY_SCOPE_NODE = 0  # NVML_AFFINITY_SCOPE_NODE
 _CALL_ABSENT = frozenset({errors.ERROR_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH})
+
+
+def _bits(words: Any) -> tuple[int, ...]:
+    """The set bits of an NVML affinity mask (64-bit words, lowest first) as sorted ids."""
+    return tuple(
+        64 * w + bit for w, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1
+    )
 
 
 def _text(value: Any) -> str:
@@ -470,6 +481,15 @@ class RealDevice:
             raise errors.InvalidArgument("device handle belongs to another backend")
         level = int(self._call("nvmlDeviceGetTopologyCommonAncestor", self._h, other._h))
         return p.TopologyLevel(level)
+
+    def cpu_affinity(self) -> tuple[int, ...]:
+        return _bits(self._call("nvmlDeviceGetCpuAffinity", self._h, _CPU_SET_WORDS))
+
+    def memory_affinity(self) -> tuple[int, ...]:
+        words = self._call(
+            "nvmlDeviceGetMemoryAffinity", self._h, _NODE_SET_WORDS, _AFFINITY_SCOPE_NODE
+        )
+        return _bits(words)
 
     def fabric_info(self) -> p.FabricInfo:
         # The versioned call (R550+) replaces the plain one, which pynvml marks deprecated.

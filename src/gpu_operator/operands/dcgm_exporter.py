@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator import api
@@ -38,32 +39,25 @@ def default_metrics_csv() -> str:
 
 
 def check_metrics_config(policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
-    """The ConfigMap named in `dcgmExporter.config.name` must exist, hold the key the exporter
-    reads and parse as a counters CSV; RenderError names the ConfigMap, key and bad lines.
+    """The counters CSV in the ConfigMap named by `dcgmExporter.config.name` must parse with the
+    exporter's own rules; RenderError names the ConfigMap, the key and every bad line.
 
-    Upstream mounts only key `dcgm-metrics.csv` (a ConfigMap volume item): any other spelling, such
-    as `metrics.csv`, leaves the exporter pod stuck in ContainerCreating with FailedMount
-    "configmap references non-existent config key". We refuse it up front and say so.
+    That the ConfigMap exists and holds key `dcgm-metrics.csv` is checked before any state
+    renders, with every other ConfigMap a policy names (validate_refs.py): upstream mounts only
+    that key (a ConfigMap volume item), so any other spelling, such as `metrics.csv`, would leave
+    the exporter pod in ContainerCreating with FailedMount "configmap references non-existent
+    config key".
     """
     name = metrics_config_map(policy)
-    if name is None:
-        return
-    where = f"dcgmExporter.config.name: ConfigMap {name!r} in namespace {facts.namespace!r}"
-    if name not in facts.config_map_keys:
-        raise common.RenderError(f"{where} not found")
-    keys = facts.config_map_keys[name]
-    if METRICS_KEY not in keys:
-        held = ", ".join(keys) if keys else "none"
-        raise common.RenderError(
-            f"{where} has no key {METRICS_KEY!r} (its keys: {held}); the exporter reads its "
-            f"counters from {METRICS_PATH}, which the operator mounts from key {METRICS_KEY!r} "
-            f"only (as upstream does): rename the key to {METRICS_KEY}"
-        )
-    text = (facts.config_map_data.get(name) or {}).get(METRICS_KEY)
-    if text is None:
-        return  # contents unknown (offline render): the key is there, the exporter checks lines
+    text = (facts.config_map_data.get(name) or {}).get(METRICS_KEY) if name else None
+    if name is None or text is None:
+        return  # no custom counters, or their contents are unknown (offline, not given)
+    source = (
+        f"spec.dcgmExporter.config.name: ConfigMap {name} in namespace {facts.namespace} "
+        f"key {METRICS_KEY}"
+    )
     try:
-        counters.parse(text, f"{where} key {METRICS_KEY!r}")
+        counters.parse(text, source)
     except counters.CsvError as err:
         raise common.RenderError(str(err)) from None
 
@@ -192,6 +186,50 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
     remote = common.get_env(ctr, REMOTE_ENGINE) or ""
     if remote.startswith("localhost"):
         common.set_host_network(ds)
+
+
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+# The label a Helm chart puts on what it renders: ours and NVIDIA's ClusterPolicy carry it.
+_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+@dataclass(frozen=True)
+class MonitorSkipped:
+    """`dcgmExporter.serviceMonitor.enabled` without the prometheus-operator's CRD: what to say,
+    and whether the user asked for it (`explicit`: a Warning) or a chart default did (a note)."""
+
+    message: str
+    explicit: bool
+
+
+def service_monitor_skipped(
+    policy: api.ClusterPolicy, facts: ClusterFacts
+) -> MonitorSkipped | None:
+    """Why no ServiceMonitor is rendered although one is enabled; None when one is, or none is
+    wanted.
+
+    The operator cannot see where a value came from. Both charts (ours and NVIDIA's 26.7) default
+    `serviceMonitor.enabled` to true, so in a ClusterPolicy a Helm chart rendered it is taken as
+    that default, unless the user also customised the ServiceMonitor (additional labels or
+    relabelings: they expect a Prometheus to use it). Any other ClusterPolicy asked for it."""
+    monitor = policy.spec.dcgmExporter.serviceMonitor
+    if facts.has_servicemonitor_crd or monitor is None or not monitor.enabled:
+        return None
+    if not enabled(policy, facts):
+        return None
+    labels = policy.metadata.get("labels")
+    from_chart = isinstance(labels, dict) and labels.get(_MANAGED_BY) == "Helm"
+    customised = bool(monitor.additionalLabels or monitor.relabelings)
+    explicit = not from_chart or customised
+    origin = "" if explicit else " (the chart's default)"
+    message = (
+        f"dcgmExporter.serviceMonitor.enabled is true{origin} but the CRD {SERVICE_MONITOR_CRD} "
+        f"(Prometheus Operator) is not installed: no ServiceMonitor is created; the metrics are "
+        f"still served by Service {DS_NAME} on port {PORT} ({PORT_NAME}). Install the Prometheus "
+        "Operator's CRDs and the operator creates the ServiceMonitor, or set "
+        "dcgmExporter.serviceMonitor.enabled=false"
+    )
+    return MonitorSkipped(message, explicit)
 
 
 def render(policy: api.ClusterPolicy, facts: ClusterFacts) -> list[dict[str, Any]]:

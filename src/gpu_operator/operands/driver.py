@@ -329,7 +329,13 @@ def mount_config_map_files(
     target_dir: str,
     field: str,
 ) -> None:
-    """Mount every key of a ConfigMap as a file in `target_dir` (the directory keeps its files)."""
+    """Mount every key of a ConfigMap as a file in `target_dir` (the directory keeps its files).
+
+    Offline, a ConfigMap `render` was not given has unknown keys: its volume is rendered without
+    the file mounts (validate_refs warns that it was not given)."""
+    if config_map not in facts.config_map_keys and not facts.config_maps_complete:
+        common.add_volume(ds, {"name": volume, "configMap": {"name": config_map}})
+        return
     if config_map not in facts.config_map_keys:
         raise common.RenderError(
             f"{field}: ConfigMap {config_map!r} not found in namespace {facts.namespace!r}"

@@ -50,6 +50,11 @@ class ClusterFacts:
       missing here makes the driver state fail to render, as upstream fails when it is absent.
     - config_map_data: the contents of the ConfigMap keys whose text a renderer checks (today the
       dcgm-exporter counters key), by ConfigMap name then key; absent when unknown (offline).
+    - config_maps_complete: whether `config_map_keys` lists every ConfigMap of the namespace (the
+      operator's cache). Offline `render` knows only the ConfigMaps it was given: one it was not
+      given is unknown there, not missing (validate_refs.py says which are needed).
+    - plugin_config_labels: the values of the node label `nvidia.com/device-plugin.config` on GPU
+      nodes, with how many nodes carry each; None when node labels are unknown (offline).
     - startup_toleration: the toleration of the readiness gate's startup taint (STARTUP_TAINT),
       added to every operand pod so it runs on the node it validates; None when the gate is off.
     """
@@ -67,6 +72,8 @@ class ClusterFacts:
     operator_env: Mapping[str, str] = field(default_factory=_no_env)
     config_map_keys: Mapping[str, tuple[str, ...]] = field(default_factory=_no_config_maps)
     config_map_data: Mapping[str, Mapping[str, str]] = field(default_factory=_no_config_map_data)
+    config_maps_complete: bool = True
+    plugin_config_labels: Mapping[str, int] | None = None
     startup_toleration: Mapping[str, str] | None = None
 
     @property

@@ -67,20 +67,54 @@ class PodSummary(NamedTuple):
     # driver pods a deleted ClusterPolicy DaemonSet left running by them.
     app: str | None = None
     component: str | None = None
+    # The most restarts of any of its containers, and the Kubernetes reasons behind a problem
+    # (waiting containers' reasons, `Unschedulable`): status/rollout.py tells planned work from
+    # failures by them.
+    restarts: int = 0
+    reasons: tuple[str, ...] = ()
+
+
+def _reasons(pod: Obj) -> tuple[str, ...]:
+    """The waiting reasons of its containers (init containers included) and, for a pod the
+    scheduler could not place, the PodScheduled condition's reason; sorted, without repeats."""
+    status = pod.get("status") or {}
+    found: set[str] = set()
+    for container in (*(status.get("initContainerStatuses") or []),
+                      *(status.get("containerStatuses") or [])):  # fmt: skip
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting is not None and waiting.get("reason"):
+            found.add(str(waiting["reason"]))
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            found.add(str(condition.get("reason") or "Unschedulable"))
+    return tuple(sorted(found))
+
+
+def _restarts(pod: Obj) -> int:
+    status = pod.get("status") or {}
+    counts = [
+        _int(c.get("restartCount"))
+        for c in (*(status.get("initContainerStatuses") or []),
+                  *(status.get("containerStatuses") or []))
+    ]  # fmt: skip
+    return max(counts, default=0)
 
 
 def summarize(pod: Obj) -> PodSummary:
     """The summary of one pod (see PodSummary)."""
     meta = pod.get("metadata", {})
     labels = meta.get("labels") or {}
+    problem = pod_problem(pod)
     return PodSummary(
         name=str(meta.get("name", "?")),
         node=str(pod.get("spec", {}).get("nodeName") or ""),
         owner_uids=tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or []),
         revision_hash=labels.get(REVISION_HASH_LABEL),
-        problem=pod_problem(pod),
+        problem=problem,
         app=labels.get("app"),
         component=labels.get("app.kubernetes.io/component"),
+        restarts=_restarts(pod),
+        reasons=_reasons(pod) if problem is not None else (),
     )
 
 
@@ -186,6 +220,32 @@ def pod_problem(pod: Obj, newest_hash: str | None = None) -> tuple[int, str] | N
     if newest_hash is not None and labels.get(REVISION_HASH_LABEL) != newest_hash:
         return (2, "runs an out-of-date revision (waiting to be replaced)")
     return None
+
+
+class PodIssue(NamedTuple):
+    """A pod of a DaemonSet with a problem: the pod, its problem, whether it is out of date."""
+
+    pod: PodSummary
+    severity: int
+    text: str
+    outdated: bool
+
+
+def pod_issues(ds: Obj, pods: list[Obj] | list[PodSummary], revisions: list[Obj]) -> list[PodIssue]:
+    """The DaemonSet's pods that have a problem, an out-of-date revision (OnDelete) included."""
+    strategy = (ds.get("spec", {}).get("updateStrategy") or {}).get("type", "RollingUpdate")
+    newest = newest_revision_hash(ds, revisions) if strategy == "OnDelete" else None
+    found = []
+    for pod in _summaries(pods):
+        if not _owned_by(pod, ds):
+            continue
+        outdated = newest is not None and pod.revision_hash != newest
+        problem = pod.problem
+        if problem is None and outdated:
+            problem = (2, "runs an out-of-date revision (waiting to be replaced)")
+        if problem is not None:
+            found.append(PodIssue(pod, problem[0], problem[1], outdated))
+    return found
 
 
 def _first_problem(pods: list[PodSummary], newest_hash: str | None) -> tuple[int, str]:

@@ -19,7 +19,12 @@ from gpu_operator.status import conditions
 
 # Error-condition reasons that only say "still converging": a change between them can wait.
 WAITING_REASONS = frozenset(
-    {conditions.READY, conditions.OPERAND_NOT_READY, conditions.DRIVER_NOT_READY}
+    {
+        conditions.READY,
+        conditions.OPERAND_NOT_READY,
+        conditions.DRIVER_NOT_READY,
+        *conditions.PROGRESS_REASONS,
+    }
 )
 
 Action = Literal["write", "defer", "drop"]

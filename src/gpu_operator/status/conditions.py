@@ -18,6 +18,11 @@ DRIVER_NOT_READY: Final = "DriverNotReady"
 INVALID_SPEC: Final = "InvalidSpec"
 CRD_OUTDATED: Final = "CRDSchemaOutdated"
 SINGLETON: Final = "MultipleClusterPolicies"
+# Ours: planned work in progress (status/rollout.py), Ready=False with Error=False.
+DRIVER_UPGRADE_IN_PROGRESS: Final = "DriverUpgradeInProgress"
+OPERAND_ROLLOUT_IN_PROGRESS: Final = "OperandRolloutInProgress"
+PROGRESS_REASONS: Final = frozenset({DRIVER_UPGRADE_IN_PROGRESS, OPERAND_ROLLOUT_IN_PROGRESS})
+PLANNED_WORK: Final = "planned work in progress, nothing has failed (see the Ready condition)"
 
 
 def _condition(
@@ -43,8 +48,10 @@ def pair(
     now: str,
     generation: int | None,
     previous: Sequence[dict[str, Any]] = (),
+    planned: bool = False,
 ) -> list[dict[str, Any]]:
-    """Ready=True + Error=False(Ready) when ready, else Ready=False(Error) + Error=True(reason).
+    """Ready=True + Error=False(Ready) when ready, else Ready=False(Error) + Error=True(reason);
+    for planned work in progress (`planned`, ours) Ready=False(reason) + Error=False(reason).
 
     lastTransitionTime moves only when a condition's status flips, as the API conventions ask.
     """
@@ -52,6 +59,11 @@ def pair(
         wanted = [
             _condition(READY, True, reason, message, now, generation),
             _condition(ERROR, False, READY, "", now, generation),
+        ]
+    elif planned:
+        wanted = [
+            _condition(READY, False, reason, message, now, generation),
+            _condition(ERROR, False, reason, PLANNED_WORK, now, generation),
         ]
     else:
         wanted = [

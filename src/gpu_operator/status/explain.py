@@ -4,6 +4,13 @@ Pure: a snapshot of one node's facts in (labels, the operand pods on it, Events,
 tails), a verdict out. `gpu-operator explain node` feeds it everything the API has; the
 ClusterPolicy reconciler feeds it its stripped caches (no capacity, no logs), so every link skips
 what its snapshot does not know instead of guessing. The chain is docs/node-chain.md's.
+
+A label is a claim, not a fact: each link checks whether the policy runs the component that acts
+on its label (a MIG config label with the MIG manager disabled, a VM workload label with sandbox
+workloads off) and what the node really shows (allocatable resources, GFD's labels, the pods).
+A label the evidence contradicts is a warning that names both; a link fails only when pods cannot
+use the node's GPUs, so a node the ClusterPolicy status counts as ready and that serves GPUs is
+never "not usable".
 """
 
 from __future__ import annotations
@@ -17,19 +24,36 @@ from gpu_operator.api import keys
 from gpu_operator.nodes import gate, ledger
 
 Obj = dict[str, Any]
-LinkStatus = Literal["ok", "failed", "skipped"]
+LinkStatus = Literal["ok", "warning", "failed", "skipped"]
 
 # The operand pods the chain reads, by their `app` label (upstream's DaemonSet names).
 DRIVER_APP = "nvidia-driver-daemonset"
 DRIVER_COMPONENT = "nvidia-driver"
 TOOLKIT_APP = "nvidia-container-toolkit-daemonset"
 PLUGIN_APP = "nvidia-device-plugin-daemonset"
+MIG_MANAGER_APP = "nvidia-mig-manager"
 VALIDATOR_APP = "nvidia-operator-validator"
 CUDA_VALIDATOR_APP = "nvidia-cuda-validator"
 DRIVER_MANAGER = "k8s-driver-manager"
 DRIVER_CTR = "nvidia-driver-ctr"
 VALIDATIONS = ("driver-validation", "toolkit-validation", "cuda-validation", "plugin-validation")
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# The MIG manager's states (agents/mig_manager/protocol.py) and its config that turns MIG off.
+MIG_BUSY = ("pending", "rebooting")
+MIG_DISABLED_CONFIG = "all-disabled"
+# GFD's labels of the MIG layout: the strategy, and the product of a `single` MIG node.
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+# Who pauses operands by rewriting their deploy labels (value -> the agent and what it does).
+_PAUSERS = {
+    "paused-for-driver-upgrade": (
+        "driver pod's k8s-driver-manager",
+        "the driver is being (re)installed",
+    ),
+    "paused-for-mig-change": ("nvidia-mig-manager", "the MIG manager repartitions the GPUs"),
+    "paused-for-vgpu-change": ("nvidia-vgpu-device-manager", "the vGPU devices are reconfigured"),
+}
 # Log lines worth quoting as evidence: the last few that say something went wrong.
 _TELLING = re.compile(r"error|fail|unable|could not|cannot|refused|unhealthy|rejected|E:", re.I)
 LOG_EVIDENCE_LINES = 5
@@ -88,6 +112,11 @@ class PolicyView:
     device_plugin: bool = True
     validator: bool = True
     driver_crd: bool = False
+    mig_manager: bool = True
+    # sandboxWorkloads.enabled (off unless set, as upstream) and its defaultWorkload: without
+    # sandbox workloads every GPU node is a container node whatever its workload label says.
+    sandbox_workloads: bool = False
+    default_workload: str = keys.WORKLOAD_CONTAINER
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,12 @@ class NodeFacts:
     # snapshot does not know).
     taints: Sequence[Obj] | None = None
     startup_taint: gate.StartupTaint | None = None
+    # Whole GPUs and MIG devices allocatable, as one total: for a snapshot without `allocatable`
+    # (the operator's cache keeps only this count). None: not known.
+    gpu_allocatable: int | None = None
+    # The pods outside the operator's namespace that hold GPUs on the node: "namespace/name" ->
+    # the GPU resources (whole GPUs and MIG devices) they request. None: not read.
+    gpu_pods: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +192,11 @@ class Verdict:
         return next((link for link in self.links if link.status == "failed"), None)
 
     @property
+    def warnings(self) -> tuple[Link, ...]:
+        """Links that hold but whose labels disagree with what the node shows."""
+        return tuple(link for link in self.links if link.status == "warning")
+
+    @property
     def usable(self) -> bool:
         return self.failed is None
 
@@ -168,9 +208,14 @@ class Verdict:
     def message(self) -> str:
         """One line: the first failing link and why, or that the node is usable."""
         failed = self.failed
-        if failed is None:
+        if failed is not None:
+            return f"node {self.node}: {failed.title} failed: {failed.summary}"
+        warnings = self.warnings
+        if not warnings:
             return f"node {self.node}: every link of the chain holds"
-        return f"node {self.node}: {failed.title} failed: {failed.summary}"
+        said = "; ".join(f"{link.title}: {link.summary}" for link in warnings)
+        count = "a warning" if len(warnings) == 1 else f"{len(warnings)} warnings"
+        return f"node {self.node}: usable, with {count}: {said}"
 
     def to_dict(self) -> dict[str, Any]:
         failed = self.failed
@@ -178,6 +223,7 @@ class Verdict:
             "node": self.node,
             "usable": self.usable,
             "failedLink": failed.id if failed else None,
+            "warnings": [link.id for link in self.warnings],
             "message": self.message(),
             "startupGate": self.startup_gate or None,
             "links": [link.to_dict() for link in self.links],
@@ -218,8 +264,12 @@ def _ok(id_: str, summary: str, evidence: Iterable[Evidence] = ()) -> Link:
     return Link(id_, TITLES[id_], "ok", summary, tuple(evidence))
 
 
-def _skip(id_: str, summary: str) -> Link:
-    return Link(id_, TITLES[id_], "skipped", summary)
+def _skip(id_: str, summary: str, evidence: Iterable[Evidence] = ()) -> Link:
+    return Link(id_, TITLES[id_], "skipped", summary, tuple(evidence))
+
+
+def _warn(id_: str, summary: str, evidence: Iterable[Evidence] = (), fix: str = "") -> Link:
+    return Link(id_, TITLES[id_], "warning", summary, tuple(evidence), fix)
 
 
 # ----- helpers ------------------------------------------------------------------------------
@@ -298,6 +348,144 @@ def _quantity(values: Mapping[str, str] | None, prefix: str) -> int:
     return total
 
 
+def _gpu_resources(values: Mapping[str, str] | None) -> dict[str, int]:
+    """The GPU resources of a resource list (whole GPUs, shared GPUs, MIG devices) by name."""
+    found: dict[str, int] = {}
+    for key, value in (values or {}).items():
+        if key == GPU_RESOURCE or key.startswith((MIG_RESOURCE_PREFIX, GPU_RESOURCE + ".")):
+            try:
+                found[key] = int(str(value))
+            except ValueError:
+                continue
+    return found
+
+
+def _gpu_total(facts: NodeFacts) -> int | None:
+    """Whole GPUs and MIG devices allocatable; None when the snapshot does not know."""
+    if facts.allocatable is not None:
+        return _quantity(facts.allocatable, GPU_RESOURCE)
+    return facts.gpu_allocatable
+
+
+def _serving(facts: NodeFacts) -> str:
+    """What the node serves pods, in words ("" when the snapshot does not know)."""
+    if facts.allocatable is not None:
+        found = {k: n for k, n in sorted(_gpu_resources(facts.allocatable).items()) if n > 0}
+        said = ", ".join(f"{k}: {n}" for k, n in found.items())
+        text = f"allocatable {said}" if said else "no GPU resource allocatable"
+    elif facts.gpu_allocatable is not None:
+        text = f"{facts.gpu_allocatable} GPU resource(s) allocatable"
+    else:
+        return ""
+    if facts.gpu_pods:
+        text += f", {sum(facts.gpu_pods.values())} in use by {len(facts.gpu_pods)} pod(s)"
+    return text
+
+
+def _serving_evidence(facts: NodeFacts, shown: int = 3) -> list[Evidence]:
+    """The allocatable GPU resources and the pods that hold GPUs on the node."""
+    out = []
+    if facts.allocatable is not None:
+        found = sorted(_gpu_resources(facts.allocatable).items())
+        said = ", ".join(f"{k}: {n}" for k, n in found) or "no nvidia.com/gpu or nvidia.com/mig-*"
+        out.append(Evidence("resource", "allocatable", said))
+    elif facts.gpu_allocatable is not None:
+        out.append(Evidence("resource", "allocatable", f"{facts.gpu_allocatable} GPU resource(s)"))
+    pods = sorted((facts.gpu_pods or {}).items())
+    out.extend(Evidence("pod", name, f"holds {n} GPU resource(s)") for name, n in pods[:shown])
+    if len(pods) > shown:
+        more = sum(n for _, n in pods[shown:])
+        out.append(Evidence("pod", "...", f"{len(pods) - shown} more pod(s) hold {more}"))
+    return out
+
+
+@dataclass(frozen=True)
+class MigLayout:
+    """The MIG devices a node shows (resource -> count; empty: whole GPUs) and where from."""
+
+    devices: Mapping[str, int]
+    evidence: tuple[Evidence, ...]
+    # GFD's single strategy cannot export the MIG devices (mixed profiles, an empty GPU).
+    invalid: str = ""
+
+    @property
+    def mig_on(self) -> bool:
+        return bool(self.devices) or bool(self.invalid)
+
+    def describe(self) -> str:
+        if self.invalid:
+            return (
+                f"MIG devices the single strategy cannot export ({keys.GPU_PRODUCT}={self.invalid})"
+            )
+        if not self.devices:
+            return "whole GPUs, no MIG devices"
+        return ", ".join(f"{n} x {name}" for name, n in sorted(self.devices.items()))
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def mig_layout(facts: NodeFacts) -> MigLayout | None:
+    """The MIG layout the node really shows: its allocatable MIG resources when the snapshot has
+    them, else GFD's labels (`nvidia.com/mig-<profile>.count`; with the single strategy a
+    `...-MIG-<profile>` product). None when neither tells: no MIG device seen and no MIG strategy
+    labelled (with strategy `none` MIG devices are not exported, so their absence says nothing)."""
+    labels = facts.labels
+    product = labels.get(keys.GPU_PRODUCT, "")
+    single = "-MIG-" in product
+    invalid = product if product.endswith("-MIG-INVALID") else ""
+    devices: dict[str, int] = {}
+    evidence: list[Evidence] = []
+    if facts.allocatable is not None:
+        found = _gpu_resources(facts.allocatable)
+        devices = {k: n for k, n in found.items() if k.startswith(MIG_RESOURCE_PREFIX) and n > 0}
+        if single and not invalid and found.get(GPU_RESOURCE, 0) > 0:
+            devices[f"{GPU_RESOURCE} ({product})"] = found[GPU_RESOURCE]
+        said = ", ".join(f"{k}: {n}" for k, n in sorted(found.items()))
+        evidence.append(Evidence("resource", "allocatable", said or "no nvidia.com/gpu"))
+    else:
+        for key, value in sorted(labels.items()):
+            if key.startswith(MIG_RESOURCE_PREFIX) and key.endswith(".count") and _int(value):
+                devices[key.removesuffix(".count")] = _int(value)
+                evidence.append(Evidence("label", key, value))
+        if single and not invalid and _int(labels.get(GPU_COUNT_LABEL)):
+            devices[f"{GPU_RESOURCE} ({product})"] = _int(labels.get(GPU_COUNT_LABEL))
+        if GPU_COUNT_LABEL in labels:
+            evidence.append(Evidence("label", GPU_COUNT_LABEL, labels[GPU_COUNT_LABEL]))
+        if facts.gpu_allocatable is not None:
+            total = f"{facts.gpu_allocatable} GPU resource(s)"
+            evidence.append(Evidence("resource", "allocatable", total))
+    strategy = labels.get(MIG_STRATEGY_LABEL)
+    if product:
+        evidence.append(Evidence("label", keys.GPU_PRODUCT, product))
+    if strategy:
+        evidence.append(Evidence("label", MIG_STRATEGY_LABEL, strategy))
+    capable = labels.get(keys.MIG_CAPABLE)
+    if capable == "false":
+        evidence.append(Evidence("label", keys.MIG_CAPABLE, capable))
+    if devices or invalid or strategy in ("single", "mixed") or capable == "false":
+        return MigLayout(devices, tuple(evidence), invalid)
+    return None
+
+
+def gpu_requests(pod: Obj) -> int:
+    """The GPU resources (whole GPUs and MIG devices) a pod holds while it runs: its containers'
+    limits summed, or its largest init container's when that is more (as the scheduler counts)."""
+    spec = pod.get("spec") or {}
+
+    def of(container: Obj) -> int:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        return sum(_gpu_resources({k: str(v) for k, v in limits.items()}).values())
+
+    running = sum(of(c) for c in spec.get("containers") or [])
+    init = max((of(c) for c in spec.get("initContainers") or []), default=0)
+    return max(running, init)
+
+
 # ----- the links ----------------------------------------------------------------------------
 
 
@@ -345,17 +533,98 @@ def _gpu_detected(facts: NodeFacts) -> Link:
     return _ok("gpu-detected", what, [Evidence("label", keys.GPU_PRESENT, "true")])
 
 
+def _workload(facts: NodeFacts) -> tuple[list[Evidence], str, str]:
+    """The node's workload config as the policy reads it: (evidence, a warning, its fix).
+
+    Without sandbox workloads every GPU node is a container node (the operator deploys the
+    container operands whatever the label says): a VM label then has no effect and is only
+    worth a warning. With them, a VM workload (the node's label, else the policy's default)
+    gives the GPUs to VMs: no pod gets one (a failure)."""
+    policy = facts.policy or PolicyView()
+    label = facts.labels.get(keys.GPU_WORKLOAD_CONFIG)
+    if not policy.sandbox_workloads:
+        if label is None or label == keys.WORKLOAD_CONTAINER:
+            return [], "", ""
+        serving = _serving(facts)
+        return (
+            [
+                Evidence("label", keys.GPU_WORKLOAD_CONFIG,
+                         f"{label} (no effect: sandboxWorkloads.enabled=false)"),
+                *_serving_evidence(facts),
+            ],
+            f"label says {keys.GPU_WORKLOAD_CONFIG}={label} but sandboxWorkloads.enabled=false: "
+            "the label has no effect and the node is a container node"
+            + (f" ({serving})" if serving else ""),
+            f"kubectl label node {facts.name} {keys.GPU_WORKLOAD_CONFIG}- (or enable "
+            "sandboxWorkloads to give this node's GPUs to VMs)",
+        )  # fmt: skip
+    evidence = []
+    warning = fix = ""
+    if label in keys.WORKLOADS:
+        workload, why = str(label), f"{keys.GPU_WORKLOAD_CONFIG}={label}"
+        evidence.append(Evidence("label", keys.GPU_WORKLOAD_CONFIG, str(label)))
+    else:
+        workload = policy.default_workload
+        why = f"sandboxWorkloads.defaultWorkload={workload}"
+        evidence.append(Evidence("label", keys.GPU_WORKLOAD_CONFIG, label or "absent"))
+        if label is not None:
+            warning = (
+                f"{keys.GPU_WORKLOAD_CONFIG}={label} is not a workload config "
+                f"({', '.join(keys.WORKLOADS)}): the operator uses {why}"
+            )
+            fix = (
+                f"kubectl label node {facts.name} {keys.GPU_WORKLOAD_CONFIG}={workload} --overwrite"
+            )
+    if workload != keys.WORKLOAD_CONTAINER:
+        left = _gpu_resources(facts.allocatable).get(GPU_RESOURCE, 0)
+        if left:
+            removed = "the container operands that advertised it are being removed"
+            evidence.append(
+                Evidence("resource", "allocatable", f"{GPU_RESOURCE}: {left} ({removed})")
+            )
+        raise _fail(
+            "deploy-labels",
+            f"the node runs {workload} workloads ({why}, sandboxWorkloads.enabled=true): its GPUs "
+            "go to VMs, not pods",
+            evidence,
+            f"label the node {keys.GPU_WORKLOAD_CONFIG}=container to use its GPUs in containers",
+        )
+    return (evidence if warning else []), warning, fix
+
+
+def _paused(facts: NodeFacts, key: str, value: str, evidence: list[Evidence]) -> _Stop:
+    """A deploy label an agent paused: who paused it, and whether anything will restore it."""
+    policy = facts.policy or PolicyView()
+    pauser = next((p for v, p in _PAUSERS.items() if value.endswith(v)), None)
+    if value.endswith("paused-for-mig-change") and not policy.mig_manager:
+        return _fail(
+            "deploy-labels",
+            f"{key}={value}, but the MIG manager is disabled (migManager.enabled=false): "
+            "nothing restores it",
+            evidence,
+            f"kubectl label node {facts.name} {key}=true --overwrite",
+        )
+    if pauser is None:
+        return _fail(
+            "deploy-labels",
+            f"{key}={value}: paused",
+            evidence,
+            f"the agent that paused it restores it; if none runs: kubectl label node {facts.name} "
+            f"{key}=true --overwrite",
+        )
+    agent, doing = pauser
+    return _fail(
+        "deploy-labels",
+        f"{key}={value}: paused while {doing}",
+        evidence,
+        f"wait for the {agent} to finish (its log says what it waits for)",
+    )
+
+
 def _deploy_labels(facts: NodeFacts) -> Link:
     labels = facts.labels
     owned = ledger.read(facts.annotations)
-    workload = labels.get(keys.GPU_WORKLOAD_CONFIG, keys.WORKLOAD_CONTAINER)
-    if workload != keys.WORKLOAD_CONTAINER:
-        raise _fail(
-            "deploy-labels",
-            f"the node runs {workload} workloads: its GPUs go to VMs, not pods",
-            [Evidence("label", keys.GPU_WORKLOAD_CONFIG, workload)],
-            f"label the node {keys.GPU_WORKLOAD_CONFIG}=container to use its GPUs in containers",
-        )
+    evidence, warning, warning_fix = _workload(facts)
     if labels.get(keys.DEPLOY_OPERANDS) == "false":
         raise _fail(
             "deploy-labels",
@@ -369,7 +638,6 @@ def _deploy_labels(facts: NodeFacts) -> Link:
             ],
             f"kubectl label node {facts.name} {keys.DEPLOY_OPERANDS}-",
         )
-    evidence = []
     for operand in ("driver", "container-toolkit", "device-plugin", "operator-validator"):
         key = keys.DEPLOY_PREFIX + operand
         value = labels.get(key)
@@ -377,7 +645,7 @@ def _deploy_labels(facts: NodeFacts) -> Link:
             raise _fail(
                 "deploy-labels",
                 f"{key} is not set: the operator has not labelled the node yet",
-                [Evidence("label", key, "absent")],
+                [*evidence, Evidence("label", key, "absent")],
                 "the operator labels GPU nodes; check its log (`gpu-operator explain policy`)",
             )
         who = _who(owned, key)
@@ -390,13 +658,9 @@ def _deploy_labels(facts: NodeFacts) -> Link:
                 f"kubectl label node {facts.name} {key}=true --overwrite",
             )
         if value.startswith(ledger.PAUSE_PREFIX) or value.endswith("paused-for-driver-upgrade"):
-            raise _fail(
-                "deploy-labels",
-                f"{key}={value}: paused while the driver is being (re)installed",
-                evidence,
-                "wait for the driver pod's k8s-driver-manager to finish "
-                "(its log says what it waits for)",
-            )
+            raise _paused(facts, key, value, evidence)
+    if warning:
+        return _warn("deploy-labels", warning, evidence, warning_fix)
     return _ok("deploy-labels", "operands deployed here", evidence)
 
 
@@ -598,17 +862,33 @@ def _allocatable(facts: NodeFacts) -> Link:
         return _skip("allocatable", "not in this snapshot")
     count = _quantity(facts.allocatable, GPU_RESOURCE)
     if count == 0 and (facts.policy is None or facts.policy.device_plugin):
+        policy = facts.policy or PolicyView()
+        mig_state = facts.labels.get(keys.MIG_CONFIG_STATE, "")
+        if policy.mig_manager and mig_state in (*MIG_BUSY, "failed"):
+            # The MIG manager took the GPUs away (a change under way, or one that failed half
+            # done): its labels say more than the device plugin's log.
+            config = facts.labels.get(keys.MIG_CONFIG) or "?"
+            raise _fail(
+                "allocatable",
+                f"allocatable has no nvidia.com/gpu or nvidia.com/mig-*: the MIG manager's "
+                f"change to {config} is {mig_state}",
+                [
+                    Evidence("resource", "allocatable", "no nvidia.com/gpu or nvidia.com/mig-*"),
+                    Evidence("label", keys.MIG_CONFIG_STATE, mig_state),
+                    *_mig_message(facts),
+                ],
+                _MIG_FAILED_FIX if mig_state == "failed" else _MIG_BUSY_FIX,
+            )
         raise _fail(
             "allocatable",
             "allocatable has no nvidia.com/gpu: every device is unhealthy",
             [Evidence("resource", "allocatable", "nvidia.com/gpu: 0")],
             "read the device plugin's log for the devices it marked unhealthy and why",
         )
-    return _ok(
-        "allocatable",
-        f"{count} GPU(s) allocatable",
-        [Evidence("resource", "allocatable", f"{GPU_RESOURCE}: {count}")],
-    )
+    summary = f"{count} GPU(s) allocatable"
+    if facts.gpu_pods:
+        summary += f", {sum(facts.gpu_pods.values())} in use by {len(facts.gpu_pods)} pod(s)"
+    return _ok("allocatable", summary, _serving_evidence(facts))
 
 
 def _validator(facts: NodeFacts) -> Link:
@@ -688,47 +968,211 @@ def _gate(facts: NodeFacts) -> Link:
     raise _fail("gate", _gate_sentence(facts, plan), evidence, fix)
 
 
-def _mig(facts: NodeFacts) -> Link:
-    state = facts.labels.get(keys.MIG_CONFIG_STATE)
-    config = facts.labels.get(keys.MIG_CONFIG, "")
-    evidence = [Evidence("label", keys.MIG_CONFIG_STATE, state or "absent")]
-    if state == "failed":
-        raise _fail(
+_MIG_FAILED_FIX = (
+    "read nvidia.com/mig.config.state.message (a node annotation) and the nvidia-mig-manager "
+    "pod's log; a message that says it is still retrying (the driver missing, a GPU busy) ends "
+    "by itself once its cause does; otherwise fix the config, then label another config and the "
+    "one you want (a config that failed is tried again on a label change or a driver restart)"
+)
+_MIG_BUSY_FIX = "wait for nvidia.com/mig.config.state=success (the nvidia-mig-manager pod's log)"
+
+
+def _mig_message(facts: NodeFacts) -> list[Evidence]:
+    """Why the MIG manager's last change failed, as it wrote it beside the state label."""
+    text = facts.annotations.get(keys.MIG_CONFIG_STATE_MESSAGE)
+    return [Evidence("annotation", keys.MIG_CONFIG_STATE_MESSAGE, text)] if text else []
+
+
+def _mig_unmanaged(
+    facts: NodeFacts, idle: str, layout: MigLayout | None, claims: list[Evidence], fix: str
+) -> Link:
+    """MIG labels on a node where no MIG manager acts on them: the GPUs keep the layout they
+    have, so the labels are judged against that layout."""
+    labels = facts.labels
+    config = labels.get(keys.MIG_CONFIG, "")
+    state = labels.get(keys.MIG_CONFIG_STATE)
+    said = f"{keys.MIG_CONFIG}={config}" if config else f"{keys.MIG_CONFIG_STATE}={state}"
+    if layout is None:
+        return _warn(
             "mig",
-            f"applying MIG config {config or '?'} failed",
-            evidence,
-            "read the nvidia-mig-manager pod's log; fix or change nvidia.com/mig.config",
+            f"label says {said} but {idle}: nothing applies it, and this snapshot does not show "
+            "the GPUs' MIG layout",
+            claims,
+            fix,
         )
-    if state in ("pending", "rebooting"):
+    evidence = [*claims, *layout.evidence]
+    shows = layout.describe()
+    if config and config != MIG_DISABLED_CONFIG and not layout.mig_on:
+        return _warn(
+            "mig",
+            f"label says {keys.MIG_CONFIG}={config} but {idle} and the GPUs show no MIG "
+            f"devices ({shows}): the label is stale",
+            evidence,
+            fix,
+        )
+    if config == MIG_DISABLED_CONFIG and layout.mig_on:
+        return _warn(
+            "mig",
+            f"label says {keys.MIG_CONFIG}={config} but the GPUs show {shows} and {idle}: "
+            "nothing turns MIG off",
+            evidence,
+            fix,
+        )
+    if state in (*MIG_BUSY, "failed"):
+        return _warn(
+            "mig",
+            f"label says {keys.MIG_CONFIG_STATE}={state} but {idle}: no MIG change runs; the "
+            f"GPUs show {shows}",
+            evidence,
+            fix,
+        )
+    return _skip("mig", f"{said} is not acted on ({idle}); the GPUs show {shows}", evidence)
+
+
+def _mig(facts: NodeFacts) -> Link:
+    """The MIG layout: what the MIG manager's labels claim, checked against whether the policy
+    runs the MIG manager and what the GPUs really show (allocatable MIG resources, GFD)."""
+    policy = facts.policy or PolicyView()
+    labels = facts.labels
+    state = labels.get(keys.MIG_CONFIG_STATE)
+    config = labels.get(keys.MIG_CONFIG, "")
+    layout = mig_layout(facts)
+    shown = list(layout.evidence) if layout is not None else []
+    if not config and state is None:
+        if layout is not None and layout.mig_on:
+            return _skip(
+                "mig", f"no MIG configuration label; the GPUs show {layout.describe()}", shown
+            )
+        return _skip("mig", "no MIG configuration on this node")
+    claims = [
+        Evidence("label", keys.MIG_CONFIG, config or "absent"),
+        Evidence("label", keys.MIG_CONFIG_STATE, state or "absent"),
+    ]
+    remove = f"kubectl label node {facts.name} {keys.MIG_CONFIG}- {keys.MIG_CONFIG_STATE}-"
+    if not policy.mig_manager:
+        return _mig_unmanaged(
+            facts,
+            "the MIG manager is disabled (migManager.enabled=false)",
+            layout,
+            claims,
+            f"remove the stale labels ({remove}), or enable the MIG manager "
+            "(migManager.enabled=true)",
+        )
+    if labels.get(keys.MIG_CAPABLE) == "false":
+        return _mig_unmanaged(
+            facts,
+            f"the GPUs are not MIG-capable ({keys.MIG_CAPABLE}=false)",
+            layout,
+            claims,
+            f"remove the stale labels ({remove})",
+        )
+    managers = _pods(facts, MIG_MANAGER_APP)
+    busy = [e for pod in managers if pod.problem for e in _pod_evidence(facts, pod)]
+    if state is None:
+        where = "" if managers or not facts.pods else f"; no {MIG_MANAGER_APP} pod on the node"
+        return _skip("mig", f"{keys.MIG_CONFIG}={config} is not applied yet{where}", claims)
+    total = _gpu_total(facts)
+    evidence = [*claims, *_mig_message(facts), *shown, *busy]
+    shows = f" ({layout.describe()})" if layout is not None else ""
+    if state == "failed":
+        if total == 0 and policy.device_plugin:
+            raise _fail(
+                "mig",
+                f"applying MIG config {config or '?'} failed and the node has no GPU allocatable",
+                evidence,
+                _MIG_FAILED_FIX,
+            )
+        serves = f", {total} GPU resource(s) allocatable" if total else ""
+        return _warn(
+            "mig",
+            f"applying MIG config {config or '?'} failed: the GPUs keep their previous layout"
+            f"{shows}{serves}; pods can use them, but the MIG layout is not the one asked for",
+            evidence,
+            _MIG_FAILED_FIX,
+        )
+    if state in MIG_BUSY:
+        if total:
+            return _warn(
+                "mig",
+                f"MIG config {config or '?'} is being applied ({state}): {total} GPU resource(s) "
+                "allocatable until the MIG manager pauses the GPU clients to repartition",
+                evidence,
+                _MIG_BUSY_FIX,
+            )
         raise _fail(
             "mig",
             f"MIG config {config or '?'} is being applied ({state}): GPUs are paused",
             evidence,
-            "wait for nvidia.com/mig.config.state=success",
+            _MIG_BUSY_FIX,
         )
-    if state is None:
-        return _skip("mig", "no MIG configuration on this node")
-    return _ok("mig", f"MIG config {config} applied", evidence)
+    if layout is not None and config == MIG_DISABLED_CONFIG and layout.mig_on:
+        return _warn(
+            "mig",
+            f"label says {keys.MIG_CONFIG}={config} ({state}) but the GPUs show "
+            f"{layout.describe()}",
+            evidence,
+            "the MIG manager acts on label changes (and when the driver comes back): label "
+            f"another config, then {MIG_DISABLED_CONFIG}; its log says what it did",
+        )
+    wants_devices = config not in (MIG_DISABLED_CONFIG, "all-enabled")
+    if layout is not None and wants_devices and not layout.mig_on:
+        # A config whose entries cover none of these GPUs changes nothing and still succeeds.
+        return _warn(
+            "mig",
+            f"label says {keys.MIG_CONFIG}={config} ({state}) but the GPUs show no MIG devices "
+            f"({layout.describe()}): the config does not cover these GPUs",
+            evidence,
+            "check the config's device filters against the node's GPUs (the nvidia-mig-manager "
+            "pod's log)",
+        )
+    if state != "success":
+        return _ok("mig", f"MIG config {config or '?'}: state {state}{shows}", evidence)
+    return _ok("mig", f"MIG config {config} applied{shows}", evidence)
 
 
 def _upgrade(facts: NodeFacts) -> Link:
+    """A driver upgrade on the node: failing only while it keeps pods off the node's GPUs."""
+    policy = facts.policy or PolicyView()
     state = facts.labels.get(keys.UPGRADE_STATE, "")
     evidence = [Evidence("label", keys.UPGRADE_STATE, state or "absent")]
-    if state == "upgrade-failed":
-        raise _fail(
+    if state in _UPGRADE_IDLE:
+        return _ok("upgrade", state or "no upgrade in progress", evidence)
+    if not policy.driver:
+        return _warn(
             "upgrade",
-            "the driver upgrade failed on this node",
+            f"label says {keys.UPGRADE_STATE}={state} but driver.enabled=false: no driver "
+            "upgrade runs here; the label is stale",
             evidence,
-            "`gpu-operator upgrade status` says why; fix it and retry the upgrade",
+            f"kubectl label node {facts.name} {keys.UPGRADE_STATE}-",
         )
-    if state not in _UPGRADE_IDLE:
-        raise _fail(
+    # Cordoned or NotReady nodes failed the allocatable link already: a full snapshot that gets
+    # here shows a schedulable node serving GPUs on the driver that runs now.
+    serving = _gpu_total(facts) if facts.allocatable is not None else None
+    if state == "upgrade-failed":
+        fix = "`gpu-operator upgrade status` says why; fix it and retry the upgrade"
+        if serving:
+            return _warn(
+                "upgrade",
+                f"the driver upgrade failed on this node; it is not cordoned and serves {serving}"
+                " GPU resource(s) on the driver that runs now",
+                [*evidence, *_serving_evidence(facts)],
+                fix,
+            )
+        raise _fail("upgrade", "the driver upgrade failed on this node", evidence, fix)
+    if serving:
+        return _warn(
             "upgrade",
-            f"a driver upgrade is in progress ({state})",
-            evidence,
+            f"a driver upgrade is in progress ({state}); the node serves {serving} GPU "
+            "resource(s) until it is cordoned",
+            [*evidence, *_serving_evidence(facts)],
             "wait for upgrade-done (`gpu-operator upgrade status`)",
         )
-    return _ok("upgrade", state or "no upgrade in progress", evidence)
+    raise _fail(
+        "upgrade",
+        f"a driver upgrade is in progress ({state})",
+        evidence,
+        "wait for upgrade-done (`gpu-operator upgrade status`)",
+    )
 
 
 def explain(facts: NodeFacts) -> Verdict:
@@ -812,12 +1256,17 @@ def policy_view(spec: Mapping[str, Any] | None) -> PolicyView:
         return section.get("enabled", True) is not False
 
     driver = spec.get("driver") or {}
+    sandbox = spec.get("sandboxWorkloads") or {}
     return PolicyView(
         driver=enabled("driver"),
         toolkit=enabled("toolkit"),
         device_plugin=enabled("devicePlugin"),
         validator=True,
         driver_crd=bool(driver.get("useNvidiaDriverCRD")),
+        mig_manager=enabled("migManager"),
+        # Off unless set (upstream's default for this section, api/enablement.py).
+        sandbox_workloads=sandbox.get("enabled") is True,
+        default_workload=str(sandbox.get("defaultWorkload") or keys.WORKLOAD_CONTAINER),
     )
 
 

@@ -22,8 +22,10 @@ NO_POLICY = "NoClusterPolicy"
 class DriverReport:
     """How one NVIDIADriver stands after a pass.
 
-    `problems` are (reason, message) pairs, most important first; `waiting` lists pools whose
-    driver pods are not ready yet (first reason each); `nodes` and `pools` count what it serves.
+    `problems` are (reason, message) pairs, most important first; `waiting` says what keeps
+    its driver pods from ready (per pool, first reason each); `planned` when all of that is
+    planned work in progress (status/rollout.py: its nodes' driver upgrade, a new spec rolling
+    out, the hand-over), not an error; `nodes` and `pools` count what it serves.
     """
 
     problems: Sequence[tuple[str, str]] = ()
@@ -31,6 +33,7 @@ class DriverReport:
     nodes: int = 0
     pools: Sequence[str] = ()
     unchecked: int = 0
+    planned: bool = False
 
 
 def _message(report: DriverReport) -> str:
@@ -56,15 +59,19 @@ def build(
 ) -> dict[str, Any]:
     """The status of an NVIDIADriver that is in charge of its nodes."""
     before = (previous or {}).get("conditions") or []
+    planned = False
     if report.problems:
         reason, _ = report.problems[0]
         text = "; ".join(message for _, message in report.problems)
         if report.waiting:
             text += "; waiting for: " + "; ".join(report.waiting)
         ready, message = False, text
+    elif report.waiting and report.planned:
+        ready, planned, reason = False, True, conditions.DRIVER_UPGRADE_IN_PROGRESS
+        message = "planned work in progress: " + "; ".join(report.waiting)
     elif report.waiting:
         ready, reason = False, conditions.DRIVER_NOT_READY
-        message = "waiting for the driver pods: " + "; ".join(report.waiting)
+        message = "driver not ready: " + "; ".join(report.waiting)
     else:
         ready, reason, message = True, conditions.RECONCILED, _message(report)
     return {
@@ -77,6 +84,7 @@ def build(
             now=now,
             generation=generation,
             previous=before,
+            planned=planned,
         ),
     }
 

@@ -18,6 +18,12 @@ class StateReport:
     name: str
     outcome: StateOutcome
     message: str = ""
+    # A notReady state whose problems are all planned work in progress (status/rollout.py): a
+    # driver upgrade, a new spec rolling out. Not an error.
+    planned: bool = False
+    # A notReady state that concerns the driver (the driver state, or nodes the driver upgrade
+    # holds).
+    driver: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,9 @@ class ClusterView:
     # The nodes still behind the readiness gate's startup taint (nodes/gate.py waiting_summary),
     # "" when none: information, never a reason to be not ready (autoscaled nodes keep coming).
     startup_gate: str = ""
+    # What the policy asks for that has no effect, said without holding anything back (a
+    # device-plugin ConfigMap no node uses, a ServiceMonitor without its CRD).
+    notes: tuple[str, ...] = ()
 
 
 def preinstalled_message(nodes: Sequence[str], shown: int = 5) -> str:
@@ -54,11 +63,28 @@ def preinstalled_message(nodes: Sequence[str], shown: int = 5) -> str:
     )
 
 
+def _listed(reports: Sequence[StateReport]) -> str:
+    return "; ".join(f"{r.name} ({r.message})" if r.message else r.name for r in reports)
+
+
 def _not_ready_message(reports: Sequence[StateReport]) -> str:
-    parts = []
-    for report in reports:
-        parts.append(f"{report.name} ({report.message})" if report.message else report.name)
-    return "states not ready: " + "; ".join(parts)
+    errors = [r for r in reports if not r.planned]
+    planned = [r for r in reports if r.planned]
+    message = "states not ready: " + _listed(errors)
+    if planned:
+        message += "; planned work in progress: " + _listed(planned)
+    return message
+
+
+def in_progress(reports: Sequence[StateReport]) -> bool:
+    """Whether the policy is not ready only because of planned work (no state failed, every
+    notReady state is planned): Ready=False with a progress reason, Error=False."""
+    waiting = [r for r in reports if r.outcome == "notReady"]
+    return (
+        bool(waiting)
+        and all(r.planned for r in waiting)
+        and not any(r.outcome == "failed" for r in reports)
+    )
 
 
 def build(
@@ -74,14 +100,25 @@ def build(
     previous_conditions = (previous or {}).get("conditions") or []
     failed = [r for r in reports if r.outcome == "failed"]
     waiting = [r for r in reports if r.outcome == "notReady"]
+    planned = in_progress(reports)
     if failed:
         first = failed[0]
         ready, reason = False, conditions.RECONCILE_FAILED
         message = f"failed to reconcile {first.name}: {first.message}"
         if len(failed) > 1:
             message += f" (and {len(failed) - 1} more: {', '.join(r.name for r in failed[1:])})"
+    elif planned:
+        ready = False
+        driver = any(r.driver for r in waiting)
+        reason = (
+            conditions.DRIVER_UPGRADE_IN_PROGRESS
+            if driver
+            else conditions.OPERAND_ROLLOUT_IN_PROGRESS
+        )
+        message = "planned work in progress: " + _listed(waiting)
     elif waiting:
-        driver_only = all(r.name == "state-driver" for r in waiting)
+        errors = [r for r in waiting if not r.planned]
+        driver_only = all(r.name == "state-driver" for r in errors)
         ready = False
         reason = conditions.DRIVER_NOT_READY if driver_only else conditions.OPERAND_NOT_READY
         message = _not_ready_message(waiting)
@@ -103,10 +140,12 @@ def build(
         message += "; " + preinstalled_message(cluster.preinstalled_drivers)
     if cluster.coexistence:
         message += "; " + cluster.coexistence
-    if cluster.worst_node and not ready:
+    if cluster.worst_node and not ready and not planned:
         message += "; first failing link: " + cluster.worst_node
     if cluster.startup_gate:
         message += "; " + cluster.startup_gate
+    for note in cluster.notes:
+        message += "; " + note
     return {
         "state": "ready" if ready else "notReady",
         "namespace": namespace,
@@ -117,6 +156,7 @@ def build(
             now=now,
             generation=generation,
             previous=previous_conditions,
+            planned=planned,
         ),
         "states": [
             {"name": r.name, "state": r.outcome, **({"message": r.message} if r.message else {})}

@@ -187,6 +187,10 @@ class _Pass:
         self.validator_sets = [d for d in snap.daemonsets if d.validator]
         self.owners = {o.uid: o for o in snap.owners if o.uid}
         self.targets = pool_targets(self.pools, snap.revisions)
+        # Looked up for every node: built once per pass, not once per node.
+        self._pools_by_uid = {d.uid: d for d in self.pools}
+        self._pools_by_name = sorted(self.pools, key=lambda d: d.name)
+        self._rollback_uids = {d.uid for d in self.rollbacks}
         self.revisions_by_owner: dict[str, list[Revision]] = {}
         for rev in snap.revisions:
             self.revisions_by_owner.setdefault(rev.owner_uid, []).append(rev)
@@ -195,13 +199,13 @@ class _Pass:
     # ----- building the view ------------------------------------------------------------------
 
     def _pool_for(self, node: Node, pods: Iterable[Pod]) -> tuple[DaemonSet | None, Pod | None]:
-        by_uid = {d.uid: d for d in self.pools}
+        by_uid = self._pools_by_uid
         owned = [p for p in pods if p.controller_uid in by_uid]
         if owned:
             # The newest live pod speaks for the node (an old one may still be terminating).
             pod = max(owned, key=lambda p: (not p.deleting, p.created))
             return by_uid[str(pod.controller_uid)], pod
-        for ds in sorted(self.pools, key=lambda d: d.name):
+        for ds in self._pools_by_name:
             if _targets_node(ds, node):
                 return ds, None
         return None, None
@@ -224,7 +228,7 @@ class _Pass:
                     "in view; left alone",
                 )
                 continue
-            rollback_uids = {d.uid for d in self.rollbacks}
+            rollback_uids = self._rollback_uids
             orphan = next(
                 (
                     p

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import errors
-from kubesim.auth import attributes, bootstrap, escalation, reviews, users
+from kubesim import errors, private_files
+from kubesim.auth import attributes, bootstrap, escalation, loopback, reviews, users
 from kubesim.auth.attributes import Attributes, forbidden, resource_attributes
 from kubesim.auth.rbac import GROUP as RBAC_GROUP
 from kubesim.auth.rbac import RBACAuthorizer
@@ -82,6 +82,8 @@ class Auth:
         self.admin_token = self.tokens.static(self.admin)
         self.rbac = RBACAuthorizer(store) if authorization == "rbac" else None
         self.url = ""
+        # Host values the loopback check accepted (it runs on every request).
+        self._hosts_ok: set[str] = set()
         self.ca_data: str | None = None
         # Requests refused with 403 (latest last), so tests can assert a client never was.
         self.denials: deque[tuple[UserInfo, Attributes]] = deque(maxlen=1000)
@@ -183,16 +185,20 @@ class Auth:
         }
 
     def write_kubeconfig(self, token: str, path: Path | str, namespace: str = "default") -> Path:
-        """Write a kubeconfig carrying `token` to `path` (for kubectl, helm or lightkube)."""
+        """Write a kubeconfig carrying `token` to `path` (for kubectl, helm or lightkube),
+        readable by its owner only (0600, as kubectl writes its own)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(yaml.safe_dump(self.kubeconfig(token, namespace=namespace)))
-        return target
+        return private_files.write(
+            target, yaml.safe_dump(self.kubeconfig(token, namespace=namespace))
+        )
 
     # ----- the request hook -------------------------------------------------------------------
 
     def admit(self, request: web.Request) -> None:
         """Authenticate, impersonate and authorise one request; raise the 401/403 Status."""
+        if not self.authentication:
+            self._check_host(request.headers.get("Host"))
         header = request.headers.get("Authorization")
         user = self._no_credentials(request.path) if header is None else self._bearer(header)
         headers = request.headers
@@ -223,6 +229,17 @@ class Auth:
             self.note_granted(user, create)
         elif attrs.verb == "patch" and attrs.name and request.content_type == _APPLY:
             self._apply_may_create(user, attrs)
+
+    def _check_host(self, host: str | None) -> None:
+        """Without authentication every request acts as the admin: answer clients on this
+        machine only, by a loopback `Host:` (DNS rebinding; docs/security.md)."""
+        if host in self._hosts_ok:
+            return
+        why = loopback.refusal(host, self.url)
+        if why is not None:
+            raise loopback.RefusedHost(f"forbidden: {why}")
+        if host is not None and len(self._hosts_ok) < 64:  # a handful: name x port
+            self._hosts_ok.add(host)
 
     def _no_credentials(self, path: str) -> UserInfo:
         if not self.authentication:

@@ -13,13 +13,23 @@ import fnmatch
 import hashlib
 import inspect
 import logging
+import re
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kubesim import cri, errors, programs, runner_logs, runtime_class, selectors, termination
+from kubesim import (
+    cri,
+    errors,
+    images,
+    programs,
+    runner_logs,
+    runtime_class,
+    selectors,
+    termination,
+)
 from kubesim.controllers.base import Controller
 from kubesim.controllers.volumes import (
     CONFIGMAP_KEY,
@@ -68,8 +78,18 @@ class KubeletConfig:
     # A container with no runner but a `command` or `args` in a Never/OnFailure pod exits 0 after
     # this long (None: such containers run until stopped, like everything without a runner).
     command_duration: float | None = 0.05
-    # How long a simulated image pull takes (`Pulling`/`Pulled` events either way).
-    pull_delay: float = 0.0
+    # How long an image pull takes, successful or not (`Pulling`, then `Pulled` or `Failed`):
+    # short, yet a client looking right after creating a pod finds it in ContainerCreating,
+    # as on a cluster. Which images exist is the cluster's image catalog (kubesim.images).
+    pull_delay: float = 0.2
+    # A failed pull is retried after `image_pull_backoff`, doubling up to
+    # `image_pull_backoff_max` (the kubelet's 10 s and 5 min, scaled down); the container shows
+    # ErrImagePull until the kubelet next looks at the pod (`image_pull_resync`, its 1 s
+    # relist), then ImagePullBackOff. InvalidImageName and ErrImageNeverPull are looked at again
+    # every `image_pull_backoff`. Not zeroed by `instant`: intervals, not latencies.
+    image_pull_backoff: float = 1.0
+    image_pull_backoff_max: float = 30.0
+    image_pull_resync: float = 0.1
     # First retry of a volume that failed to mount (FailedMount), doubling up to 30 times this;
     # not zeroed by `instant`, since it is a polling interval rather than a latency.
     mount_retry_delay: float = 0.2
@@ -179,6 +199,20 @@ class PodContext(ContainerIO):
     def node_root(self) -> Path:
         """The node's root directory (its `/`) on this machine."""
         return self._kubelet.node_root(self.node_name)
+
+    def as_on_node(self, text: str) -> str:
+        """`text` with this machine's paths into the node's tree written as on the node (a
+        runner that logs a path it resolved through `path()` or `host_path()` shows
+        `/var/lib/kubelet/...`, as a container on a real node would, not where kubesim keeps
+        the node's files). Pod volumes live under the node's tree too, at the kubelet's paths."""
+        try:
+            root = str(self.node_root)
+        except RuntimeError:  # no node filesystems: nothing of the node's is on this machine
+            return text
+        if root not in text:
+            return text
+        # The root itself or a path under it, never a sibling such as node `t4-10` of `t4-1`.
+        return re.sub(re.escape(root) + r"(?:/|(?![\w.-]))", "/", text)
 
     def write_termination_message(self, text: str) -> None:
         """Write the container's termination message (its `terminationMessagePath`, replaced,
@@ -315,6 +349,15 @@ def resolve_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str
     return env
 
 
+@dataclass
+class _PullBackOff:
+    """A pod's back-off for one image: how long, since when, and the pull error it follows."""
+
+    delay: float
+    failed_at: float
+    error: str
+
+
 class _PodWorker:
     """Drives one pod: volumes, init containers in order, then each container with restarts."""
 
@@ -358,6 +401,9 @@ class _PodWorker:
         self.rejected: tuple[str, str] | None = None
         # The CRI runtime handler of the pod's RuntimeClass ("" = the runtime's default).
         self.runtime_handler = ""
+        # Image pull back-off per image as the container names it (the kubelet keys it by pod
+        # and image): delay, when the last pull failed, and its error.
+        self.pull_backoff: dict[str, _PullBackOff] = {}
 
     # ----- status model ---------------------------------------------------------------------
 
@@ -676,36 +722,101 @@ class _PodWorker:
         kind = "initContainers" if init else "containers"
         return f"spec.{kind}{{{container.get('name', '')}}}"
 
-    async def _pull(self, container: dict[str, Any], field_path: str) -> None:
-        """The image step: a pull (Pulling/Pulled) unless the node has the image and the policy
-        lets the kubelet reuse it."""
-        cfg = self.kubelet.config
+    async def _pull(
+        self, container: dict[str, Any], status: dict[str, Any], field_path: str
+    ) -> None:
+        """The image step, until the container's image is on the node: the node's copy (the
+        pull policy permitting) or a pull, which the cluster's image catalog decides
+        (kubesim.images). Failures leave the container waiting as the kubelet leaves it
+        (InvalidImageName, ErrImageNeverPull, ErrImagePull then ImagePullBackOff), with its
+        Events and its image back-off; a later look succeeds once the image exists."""
+        kubelet = self.kubelet
+        cfg = kubelet.config
         image = container.get("image", "")
-        images = self.kubelet.images.setdefault(self.node_name, set())
         policy = container.get("imagePullPolicy") or "IfNotPresent"
-        if policy != "Always" and (image in images or policy == "Never"):
-            self.event(
-                "Normal",
-                "Pulled",
-                f'Container image "{image}" already present on machine and can be accessed '
-                "by the pod",
-                field_path,
-            )
-            return
-        self.event("Normal", "Pulling", f'Pulling image "{image}"', field_path)
         loop = asyncio.get_running_loop()
-        began = loop.time()
-        if cfg.delay(cfg.pull_delay):
-            await asyncio.sleep(cfg.delay(cfg.pull_delay))
-        took = go_duration(loop.time() - began)
-        images.add(image)
-        self.event(
-            "Normal",
-            "Pulled",
-            f'Successfully pulled image "{image}" in {took} ({took} including waiting). '
-            f"Image size: {image_size(image)} bytes.",
-            field_path,
-        )
+        # A floor, so that a zero configured by a test never spins.
+        recheck = max(cfg.image_pull_backoff, 0.01)
+        while True:
+            node_images = kubelet.images.setdefault(self.node_name, set())
+            step = images.image_step(image, policy, node_images)
+            if step.action == "present":
+                self.event(
+                    "Normal",
+                    "Pulled",
+                    f'Container image "{image}" already present on machine and can be '
+                    "accessed by the pod",
+                    field_path,
+                )
+                return
+            if step.action == "invalid":
+                self.event("Warning", "InspectFailed", step.message, field_path)
+                await self._image_waiting(
+                    status, "InvalidImageName", step.message, field_path, recheck
+                )
+                continue
+            if step.action == "never":
+                self.event("Warning", "ErrImageNeverPull", step.message, field_path)
+                await self._image_waiting(
+                    status, "ErrImageNeverPull", step.message, field_path, recheck
+                )
+                continue
+            backoff = self.pull_backoff.get(image)
+            if backoff is not None and loop.time() - backoff.failed_at < backoff.delay:
+                message = f'Back-off pulling image "{image}"'
+                self.event("Normal", "BackOff", message, field_path)
+                await self._image_waiting(
+                    status,
+                    "ImagePullBackOff",
+                    f"{message}: ErrImagePull: {backoff.error}",
+                    field_path,
+                    backoff.failed_at + backoff.delay - loop.time(),
+                )
+                continue
+            self.event("Normal", "Pulling", f'Pulling image "{image}"', field_path)
+            began = loop.time()
+            if cfg.delay(cfg.pull_delay):
+                await asyncio.sleep(cfg.delay(cfg.pull_delay))
+            failure = kubelet.pull_failure(image)
+            if failure is None:
+                took = go_duration(loop.time() - began)
+                node_images.add(step.key)
+                self.pull_backoff.pop(image, None)
+                self.event(
+                    "Normal",
+                    "Pulled",
+                    f'Successfully pulled image "{image}" in {took} ({took} including '
+                    f"waiting). Image size: {image_size(step.key)} bytes.",
+                    field_path,
+                )
+                return
+            reported = f'Failed to pull image "{image}": {failure.message}'
+            self.event("Warning", "Failed", reported, field_path)
+            failed_at = loop.time()
+            delay = images.next_backoff(
+                backoff.delay if backoff is not None else None,
+                failed_at - backoff.failed_at if backoff is not None else 0.0,
+                max(cfg.image_pull_backoff, 0.01),
+                max(cfg.image_pull_backoff_max, 0.01),
+            )
+            self.pull_backoff[image] = _PullBackOff(delay, failed_at, failure.message)
+            await self._image_waiting(
+                status,
+                "ErrImagePull",
+                failure.message,
+                field_path,
+                min(cfg.image_pull_resync, delay),
+            )
+
+    async def _image_waiting(
+        self, status: dict[str, Any], reason: str, message: str, field_path: str, seconds: float
+    ) -> None:
+        """A failed image step: the container waits with the reason and message, the kubelet
+        records `Failed` (`Error: <reason>`), and looks at the pod again after `seconds`."""
+        status["state"] = {"waiting": {"reason": reason, "message": message}}
+        self.event("Warning", "Failed", f"Error: {reason}", field_path)
+        self.mark()
+        await asyncio.sleep(max(seconds, 0.001))
 
     async def _start(
         self, container: dict[str, Any], status: dict[str, Any], index: int, *, init: bool
@@ -713,7 +824,7 @@ class _PodWorker:
         """Pull, create and start one container (with their Events); returns its start time."""
         cfg = self.kubelet.config
         field_path = self._field_path(container, init)
-        await self._pull(container, field_path)
+        await self._pull(container, status, field_path)
         if not init and cfg.delay(cfg.start_delay):
             await asyncio.sleep(cfg.delay(cfg.start_delay))
         if self.volumes is not None:
@@ -1231,6 +1342,9 @@ class _PodWorker:
         self, container: dict[str, Any], status: dict[str, Any], index: int
     ) -> None:
         status.pop("started", None)  # ephemeral container statuses carry no `started`
+        # A debug container's image is pulled like any other (`kubectl debug --image=...`).
+        name = container.get("name", "")
+        await self._pull(container, status, f"spec.ephemeralContainers{{{name}}}")
         status["containerID"] = f"containerd://{self.uid[:8]}e{index:03d}0000"
         started_at = now()
         status["state"] = {"running": {"startedAt": started_at}}
@@ -1302,8 +1416,10 @@ class Kubelet(Controller):
         self._stopping: set[asyncio.Task[None]] = set()
         # Node root directories; the cluster sets this (None: no volumes are set up).
         self.filesystems: NodeFilesystems | None = None
-        # Images each node has pulled (for IfNotPresent's "already present").
+        # Images each node has (normalized references): pulled, or loaded with `load_image`.
         self.images: dict[str, set[str]] = {}
+        # The registries and images that exist; the cluster replaces it with its own.
+        self.catalog = images.ImageCatalog()
         # (namespace, resource, name) of a ConfigMap or Secret -> pods whose volumes read it.
         self._volume_users: dict[tuple[str, str, str], set[tuple[str, str]]] = {}
         # Container instances (logs, stdin, exec handlers, served ports) for the streaming API.
@@ -1348,6 +1464,17 @@ class Kubelet(Controller):
             if registration.matches(pod, container):
                 return registration
         return None
+
+    # ----- images -------------------------------------------------------------------------------
+
+    def pull_failure(self, image: str) -> images.PullFailure | None:
+        """What pulling a (parseable) image gives now: None when the catalog has it."""
+        return self.catalog.pull(image)
+
+    def load_image(self, node: str, image: str) -> None:
+        """Put an image on a node without a pull (as `kind load` or a pre-pulled image
+        would); raises InvalidReference for a name the kubelet could not parse."""
+        self.images.setdefault(node, set()).add(str(images.parse(image)))
 
     # ----- addressing ---------------------------------------------------------------------------
 

@@ -307,8 +307,12 @@ def write_atomic(target: Path, payload: Payload) -> None:
     for rel, (content, mode) in payload.items():
         path = resolve_within(version, rel)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-        path.chmod(mode)
+        # Created with its mode (a Secret key or a token is never readable more widely, even
+        # for a moment), then set exactly, whatever the umask took away.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(fd, mode)
+            out.write(content)
     staging = target / "..data_tmp"
     with contextlib.suppress(FileNotFoundError):
         staging.unlink()

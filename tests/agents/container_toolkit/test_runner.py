@@ -4,6 +4,9 @@ re-applied with an Event, restore on stop (and on cancellation), failures said p
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +17,8 @@ from waiting import DEADLINE, eventually, within
 from gpu_operator import nvml
 from gpu_operator.agents.container_toolkit import runner, settings
 from gpu_operator.nvml import mock
+
+from .nodes import ERRNOS, DiskFault
 
 SAMPLES = Path(__file__).parent / "samples"
 ENV = {
@@ -85,13 +90,19 @@ class Node:
         self.settings = settings.from_env({**ENV, **(env or {})})
         self.ready = asyncio.Event()
 
+    def disk(self) -> list[Path]:
+        """The runtime's config directory and the toolkit's backup (see nodes.DiskFault)."""
+        return [self.root / "etc", self.root / "usr/local/nvidia/runtime-config-backup"]
+
     def view(self, path: str) -> Path:
         for ctr, host in MOUNTS.items():
             if path == ctr or path.startswith(ctr + "/"):
                 return self.root / (host + path[len(ctr) :]).lstrip("/")
         return self.root / path.lstrip("/")
 
-    def agent(self, open_nvml: Callable[[], nvml.Nvml] | None = None) -> runner.Agent:
+    def agent(
+        self, open_nvml: Callable[[], nvml.Nvml] | None = None, restore_budget: float = 5.0
+    ) -> runner.Agent:
         machine = mock.MockMachine.from_preset("t4x4", seed=1)
         return runner.Agent(
             self.settings,
@@ -100,6 +111,8 @@ class Node:
             open_nvml=open_nvml or machine.nvml,
             events=self.events,
             stand_ins=True,
+            backoff=runner.Backoff(0.02, 0.1),
+            restore_budget=restore_budget,
         )
 
 
@@ -254,3 +267,200 @@ async def test_nri_mode_leaves_the_runtime_config_alone(tmp_path: Path) -> None:
     stop.set()
     await within(task, "the agent to exit")
     assert node.restarter.count == 0
+
+
+def failures(events: Events) -> list[str]:
+    return [m for t, r, m in events.seen if (t, r) == ("Warning", "RuntimeConfigFailed")]
+
+
+def one_line_errors(caplog: pytest.LogCaptureFixture, code: int) -> list[logging.LogRecord]:
+    """The error records naming the errno; each is one line with no traceback."""
+    found = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and f"({errno.errorcode[code]})" in r.getMessage()
+    ]
+    for record in found:
+        assert "\n" not in record.getMessage()
+        assert record.exc_info is None
+    return found
+
+
+@pytest.mark.parametrize("code", ERRNOS, ids=[errno.errorcode[c] for c in ERRNOS])
+async def test_an_unwritable_disk_at_start_is_a_line_an_event_the_message_and_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    caplog.set_level(logging.INFO)
+    node = Node(tmp_path)
+    fault = DiskFault(monkeypatch, node.disk(), code)
+    fault.on = True
+    agent = node.agent()
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
+    await until(lambda: fault.hits >= 3, "three attempts", state=lambda: fault.hits)
+    name = errno.errorcode[code]
+    # The first write is the backup of the original (a full disk fails it like the config).
+    assert failures(node.events) == [
+        "configuring containerd failed: /usr/local/nvidia/runtime-config-backup/config.orig: "
+        f"cannot write it: {os.strerror(code)} ({name})"
+    ], "one Event for the failure, not one per attempt"
+    assert agent.failure == failures(node.events)[0]  # the termination message
+    assert len(one_line_errors(caplog, code)) >= 3  # one line per attempt, with the delay
+    assert "retrying in" in caplog.text
+    assert not task.done()
+    assert not node.ready.is_set()
+    assert node.config.read_bytes() == node.original
+    assert not node.drop_in.exists()
+
+    fault.on = False  # the disk has room again: the next attempt configures
+    await within(node.ready.wait(), "the agent to be ready")
+    assert agent.failure is None
+    assert node.events.reasons()[-1] == "RuntimeConfigured"
+    assert "the runtime config can be read and written again" in caplog.text
+    stop.set()
+    assert await within(task, "the agent to exit") == runner.EXIT_OK
+    assert node.config.read_bytes() == node.original
+
+
+@pytest.mark.parametrize("code", ERRNOS, ids=[errno.errorcode[c] for c in ERRNOS])
+async def test_an_unwritable_disk_in_the_drift_loop_is_retried_and_the_restore_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    node = Node(tmp_path)
+    fault = DiskFault(monkeypatch, node.disk(), code)
+    agent = node.agent()
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
+    await within(node.ready.wait(), "the agent to be ready")
+    fault.on = True
+    node.drop_in.unlink()  # drift that cannot be repaired while the disk fails
+    await until(lambda: fault.hits >= 2, "two repair attempts", state=lambda: fault.hits)
+    assert len(failures(node.events)) == 1
+    assert f"({errno.errorcode[code]})" in failures(node.events)[0]
+    assert agent.failure is not None
+    assert one_line_errors(caplog, code)
+    assert not task.done()
+
+    fault.on = False
+    await until(
+        lambda: "RuntimeConfigDrift" in node.events.reasons(),
+        "the drift repaired",
+        state=node.events.reasons,
+    )
+    assert node.drop_in.is_file()
+    assert agent.failure is None
+    stop.set()
+    assert await within(task, "the agent to exit") == runner.EXIT_OK
+    assert node.config.read_bytes() == node.original  # the restore ran
+    assert not node.drop_in.exists()
+
+
+async def test_a_disk_that_stays_unwritable_ends_the_agent_after_the_timeout_without_uninstall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = Node(tmp_path, {"RUNTIME_CONFIG_IO_TIMEOUT": "0.3"})
+    fault = DiskFault(monkeypatch, node.disk(), errno.EROFS)
+    agent = node.agent()
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
+    await within(node.ready.wait(), "the agent to be ready")
+    fault.on = True
+    node.drop_in.unlink()
+    assert await within(task, "the agent to give up") == runner.EXIT_FAILED
+    assert agent.failure is not None
+    assert agent.failure.endswith(
+        "Read-only file system (EROFS) (failing for 0.3 s: exiting; the next pod retries)"
+    )
+    assert b"conf.d/*.toml" in node.config.read_bytes()  # not an uninstall: ours stay
+
+
+async def test_a_restore_that_keeps_failing_keeps_the_backup_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = Node(tmp_path)
+    fault = DiskFault(monkeypatch, node.disk(), errno.ENOSPC)
+    agent = node.agent(restore_budget=0.2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
+    await within(node.ready.wait(), "the agent to be ready")
+    fault.on = True
+    stop.set()
+    assert await within(task, "the agent to exit") == runner.EXIT_FAILED
+    assert agent.failure is not None
+    assert agent.failure.startswith(
+        "restoring the runtime config failed: /etc/containerd/config.toml: cannot write it: "
+        "No space left on device (ENOSPC); the backup in "
+        "/usr/local/nvidia/runtime-config-backup is kept"
+    )
+    assert node.events.reasons()[-1] == "RuntimeConfigFailed"
+    assert (tmp_path / "usr/local/nvidia/runtime-config-backup/config.orig").is_file()
+
+    fault.on = False  # the next pod puts the node back
+    again = asyncio.Event()
+    second = asyncio.create_task(node.agent().run(again, on_ready=lambda: again.set()))
+    assert await within(second, "the second agent to exit") == runner.EXIT_OK
+    assert node.config.read_bytes() == node.original
+    assert not node.drop_in.exists()
+
+
+async def test_a_config_broken_by_somebody_while_we_run_does_not_skip_the_restore(
+    tmp_path: Path,
+) -> None:
+    """A drift check that meets a config it cannot edit says so once, and SIGTERM still
+    restores what it can (before: the failure made the agent exit without restoring)."""
+    node = Node(tmp_path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.agent().run(stop, on_ready=node.ready.set))
+    await within(node.ready.wait(), "the agent to be ready")
+    node.drop_in.write_text("[broken\n")
+    node.config.write_bytes(node.config.read_bytes() + b"[[[\n")
+    await until(lambda: failures(node.events), "the failure Event", state=node.events.reasons)
+    node.config.write_bytes(node.config.read_bytes()[: -len(b"[[[\n")])
+    stop.set()
+    await within(task, "the agent to exit")
+    assert len(failures(node.events)) == 1
+    assert node.config.read_bytes() == node.original
+    assert not node.drop_in.exists()
+
+
+async def test_a_full_disk_under_root_at_install_is_a_line_an_event_and_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = Node(tmp_path)
+    fault = DiskFault(monkeypatch, [tmp_path / "usr/local/nvidia/toolkit"], errno.ENOSPC)
+    fault.on = True
+    agent = node.agent()
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop, on_ready=node.ready.set))
+    await until(lambda: fault.hits >= 2, "two install attempts", state=lambda: fault.hits)
+    line = (
+        "installing the toolkit: /usr/local/nvidia/toolkit/.config/nvidia-container-runtime/"
+        "config.toml: cannot write it: No space left on device (ENOSPC)"
+    )
+    assert agent.failure == line
+    assert [m for _, r, m in node.events.seen if r == "ToolkitInstallFailed"] == [line]
+    assert node.config.read_bytes() == node.original
+    fault.on = False
+    await within(node.ready.wait(), "the agent to be ready")
+    assert agent.failure is None
+    stop.set()
+    assert await within(task, "the agent to exit") == runner.EXIT_OK
+
+
+async def test_a_node_layout_no_write_can_cure_fails_at_once_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """A directory where the drop-in must be is no disk state that passes: no in-process
+    retries, the exit says why at once (the kubelet's restarts retry)."""
+    node = Node(tmp_path)
+    node.drop_in.mkdir(parents=True)
+    agent = node.agent()
+    assert await within(agent.run(asyncio.Event()), "the agent to exit") == runner.EXIT_FAILED
+    assert agent.failure == (
+        "configuring containerd failed: /etc/containerd/conf.d/99-nvidia.toml: cannot read it: "
+        "Is a directory (EISDIR)"
+    )
+    assert failures(node.events) == [
+        "containerd: /etc/containerd/conf.d/99-nvidia.toml: cannot read it: Is a directory (EISDIR)"
+    ]
+    assert node.config.read_bytes() == node.original

@@ -83,6 +83,10 @@ def test_crio_defaults_to_systemd_and_its_drop_in() -> None:
         ({"RUNTIME_CONFIG_SOURCE": "dump"}, "RUNTIME_CONFIG_SOURCE: unknown source 'dump'"),
         ({"CDI_SPEC_TIMEOUT": "soon"}, r"CDI_SPEC_TIMEOUT: expected seconds \(0 retries"),
         ({"CDI_SPEC_TIMEOUT": "-5"}, "CDI_SPEC_TIMEOUT: expected seconds"),
+        (
+            {"RUNTIME_CONFIG_IO_TIMEOUT": "never"},
+            r"RUNTIME_CONFIG_IO_TIMEOUT: expected seconds \(0 retries forever\), not 'never'",
+        ),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], message: str) -> None:

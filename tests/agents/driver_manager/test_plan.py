@@ -267,6 +267,33 @@ def test_an_equal_config_digest_keeps_the_driver_and_the_gpu_pods() -> None:
     assert only(result.steps, plan.KeepDriver) == plan.KeepDriver("d2")
 
 
+@pytest.mark.parametrize(
+    ("facts", "host", "route"),
+    [
+        (node(), LOADED, "uninstall"),
+        (upgrade_node(), LOADED, "uninstall"),  # the upgrade controller's upgrades
+        (
+            node(),
+            plan.HostFacts(loaded_modules=LOADED.loaded_modules, stored_digest="d2"),
+            "keep-driver",  # a restart in place
+        ),
+    ],
+)
+def test_the_mig_manager_is_paused_while_a_loaded_driver_is_replaced_and_restored_after(
+    facts: plan.NodeFacts, host: plan.HostFacts, route: str
+) -> None:
+    # As k8s-driver-manager: the MIG manager must not partition GPUs under a driver that goes
+    # away, and its new pod applies the node's config again on the new driver.
+    result = plan.make_plan(facts, host, RENDERED)
+    assert result.route == route
+    key = DEPLOY + "mig-manager"
+    assert only(result.steps, plan.PauseOperands).patch[key] == P
+    assert "nvidia-mig-manager" in only(result.steps, plan.WaitForPods).apps
+    restore = only(result.steps, plan.RestoreLabels)
+    assert plan.restore_patch(restore.paused, {key: P}).patch == {key: "true"}
+    assert only(result.on_failure, plan.RestoreLabels).paused[key] == P
+
+
 def test_force_reinstall_uninstalls_even_with_an_equal_digest() -> None:
     facts = plan.HostFacts(loaded_modules=LOADED.loaded_modules, stored_digest="d2")
     settings = Settings(node_name="n", driver_config_digest="d2", force_reinstall=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubesim_helpers import daemonset, instant
+from kubesim_helpers import TEST_IMAGES, daemonset, instant
 from vm_hosts import host as make_host
 from waiting import DEADLINE, eventually, within
 
@@ -163,7 +163,9 @@ async def cluster(
 ) -> AsyncIterator[Node]:
     """A GPU node with the device plugin and GFD DaemonSets running, a GPU Deployment (one pod)
     and its hardware on the node's root; `processes`: the GPU pod's process holds the driver."""
-    async with kubesim.Cluster(kubelet=instant(), authorization=authorization) as sim:
+    async with kubesim.Cluster(
+        kubelet=instant(), authorization=authorization, images=TEST_IMAGES
+    ) as sim:
         sim.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         sim.add_node(NODE, labels=dict(LABELS), capacity={"nvidia.com/gpu": "4"})
         root = sim.node_root(NODE)
@@ -490,7 +492,7 @@ async def test_gpu_pods_without_a_controller_block_the_eviction_with_the_reason(
                     "containers": [
                         {
                             "name": "c",
-                            "image": "cuda",
+                            "image": "nvcr.io/nvidia/cuda:12.8.1-base-ubi9",
                             "resources": {"limits": {"nvidia.com/gpu": "1"}},
                         }
                     ],
@@ -565,7 +567,7 @@ async def test_a_label_patch_that_loses_a_race_is_recomputed_from_the_new_labels
 
 
 async def test_a_patch_with_a_stale_resource_version_is_a_conflict() -> None:
-    async with kubesim.Cluster(kubelet=instant()) as sim:
+    async with kubesim.Cluster(kubelet=instant(), images=TEST_IMAGES) as sim:
         sim.add_node(NODE, labels={"a": "1"})
         api = driver_node.DriverNodeApi(driver_node.connect(str(sim.kubeconfig_path)), NODE, NS)
         try:

@@ -20,8 +20,9 @@ Where the settings go:
 from __future__ import annotations
 
 import copy
+import itertools
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ class Options:
 
 
 def is_template(name: str, text: str) -> bool:
-    return name.endswith(".tmpl") or any(tt.is_template_line(line) for line in text.splitlines())
+    return name.endswith(".tmpl") or tt.has_template_lines(text)
 
 
 def detect_version(data: Mapping[str, Any], text: str, name: str, template: bool) -> int:
@@ -111,7 +112,14 @@ def handler_table(
 
 
 def _cri(data: Mapping[str, Any], plugin: str) -> dict[str, Any]:
+    """A copy of the CRI plugin's section (to change)."""
     return _mapping(tt.lookup(data, ("plugins", plugin)))
+
+
+def _cri_view(data: Mapping[str, Any], plugin: str) -> Mapping[str, Any]:
+    """The CRI plugin's section, to read (not copied: it can be most of a big config)."""
+    found = tt.lookup(data, ("plugins", plugin))
+    return found if isinstance(found, Mapping) else {}
 
 
 def _settings(cri: Mapping[str, Any], o: Options, version: int) -> dict[str, Any]:
@@ -130,6 +138,16 @@ def _settings(cri: Mapping[str, Any], o: Options, version: int) -> dict[str, Any
     ours["runtimes"] = {h.name: handler_table(h, existing, default, o, version) for h in o.handlers}
     tree["containerd"] = ours
     return tree
+
+
+def _overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`top` merged over `base` into a new tree that shares what neither changes (no deep copy
+    of `base`, which can be most of a big config)."""
+    out = dict(base)
+    for k, v in top.items():
+        below = out.get(k)
+        out[k] = _overlay(below, v) if isinstance(v, Mapping) and isinstance(below, Mapping) else v
+    return out
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,65 +185,154 @@ class Containerd:
     # -- apply ---------------------------------------------------------------------------------
 
     def apply(self, files: edits.Files, prior: Mapping[str, Any]) -> Edit:
+        """Our settings on the config (see the module docstring). Linear in the config's size:
+        it is scanned into statements once and parsed whole once (`_gate`, or `_fast_drop_in`)."""
         o = self.o
         text = edits.decode(files.get(CONFIG), o.config)
         try:
-            base = tt.strip_ours(text, o.config)
-            template = is_template(o.config, base)
-            base_data = tt.parse(base, o.config)
-            source_bytes = files.get(SOURCE)
-            source_name = o.source or o.config
-            source_data = (
-                tt.parse(edits.decode(source_bytes, source_name), source_name)
-                if source_bytes is not None
-                else base_data
-            )
-            version = detect_version(base_data or source_data, base, o.config, template)
+            stripped = tt.strip_ours(text, o.config)
+            base = _Config(stripped, o.config)
+            template = is_template(o.config, stripped)
+            version = base.root_data().get("version")
+            if o.drop_in and not template and version in (2, 3) and not isinstance(version, bool):
+                return self._fast_drop_in(files, text, base, version)
+            base_data = base.data()
+            source_data = self._source(files) or base_data
+            defined = base_data if tt.has_content(base.stmts) else source_data
+            version = detect_version(defined, stripped, o.config, template)
             plugin = CRI_PLUGIN[version]
-            settings = _settings(_cri(source_data, plugin), o, version)
+            settings = _settings(_cri_view(source_data, plugin), o, version)
             if version >= 2 and o.drop_in and not template:
-                out, summary = self._drop_in(files, base, source_data, version, plugin, settings)
+                out, summary, drop_in_tree = self._drop_in(
+                    files, base, source_data, version, plugin, settings
+                )
                 notes: tuple[str, ...] = ()
             else:
                 out, notes = self._in_place(
                     base, files.get(CONFIG) is None, version, plugin, settings, template
                 )
                 summary = f"config version {version}, edited in place ({o.config})"
-            for role, data in out.items():  # never write a file the runtime cannot read
-                tt.parse(edits.decode(data, role), self.names().get(role, role))
+                drop_in_tree = None
+            after = self._gate(files, out, text, base, drop_in_tree)
+            kept = drop_in_tree is not None  # the drop-in way edits top-level statements only
+            before = None if after is None else self._before(text, base, after, kept)
+            changes = self._changes(files, out, before, after, plugin)
         except tt.TomlTextError as err:
             raise EditError(str(err)) from None
-        return Edit(out, tuple(self._changes(files, out, version, plugin)), summary, notes)
+        return Edit(out, tuple(changes), summary, notes)
+
+    def _source(self, files: edits.Files) -> dict[str, Any] | None:
+        """The settings source's tree (RUNTIME_CONFIG_SOURCE `file=`), when there is one."""
+        data = files.get(SOURCE)
+        if data is None:
+            return None
+        name = self.o.source or self.o.config
+        return tt.parse(edits.decode(data, name), name)
+
+    def _fast_drop_in(self, files: edits.Files, text: str, base: _Config, version: int) -> Edit:
+        """A config that states version 2 or 3, with a drop-in: only its top-level statements
+        are edited (`imports`), so it is parsed whole once, after the edit (the gate), and that
+        tree gives the CRI plugin section (which the edit does not touch)."""
+        o = self.o
+        plugin = CRI_PLUGIN[version]
+        config = self._with_import(base, files.get(CONFIG) is None, version)
+        tree = self._parsed(config, text, base)
+        source = self._source(files) or tree
+        settings = _settings(_cri_view(source, plugin), o, version)
+        drop_in, summary, drop_in_tree = self._drop_in_file(source, version, plugin, settings)
+        out: dict[str, bytes | None] = {CONFIG: config.encode(), DROP_IN: drop_in}
+        after = {CONFIG: tree, DROP_IN: drop_in_tree}
+        before = self._before(text, base, after, True)
+        changes = self._changes(files, out, before, after, plugin)
+        return Edit(out, tuple(changes), summary)
+
+    def _parsed(self, config: str, text: str, base: _Config) -> dict[str, Any]:
+        """The new config parsed whole (the gate: never write a file the runtime cannot read);
+        an error names the file's own problem where it has one."""
+        try:
+            return tt.parse(config, self.o.config)
+        except tt.TomlTextError:
+            tt.parse(text, self.o.config)  # the file's own error, at its own line numbers
+            if not _paths(tt.parse(base.text, self.o.config).get("imports", [])):
+                raise EditError(f"{self.o.config}: imports must be an array of paths") from None
+            raise
+
+    def _gate(
+        self,
+        files: edits.Files,
+        out: Mapping[str, bytes | None],
+        text: str,
+        base: _Config,
+        drop_in_tree: dict[str, Any] | None,
+    ) -> dict[str, dict[str, Any]] | None:
+        """Never write a file the runtime cannot read: when anything is to be written (and the
+        runtime restarted, which reads every file whole), the config we hand it is parsed whole
+        (our drop-in is written from a tree, `drop_in_tree`). The trees, or None when nothing
+        changes."""
+        if all(out.get(role) == files.get(role) for role in out):
+            return None
+        trees: dict[str, dict[str, Any]] = {}
+        for role, data in out.items():
+            name = self.names().get(role, role)
+            if role == DROP_IN and drop_in_tree is not None:
+                trees[role] = drop_in_tree
+                continue
+            decoded = edits.decode(data, name)
+            trees[role] = (
+                self._parsed(decoded, text, base) if role == CONFIG else tt.parse(decoded, name)
+            )
+        return trees
+
+    def _before(
+        self, text: str, base: _Config, after: Mapping[str, Mapping[str, Any]], kept: bool
+    ) -> dict[str, Any]:
+        """What the change sentences need of the config as it was read: its CRI plugin sections
+        and imports. When the edit kept everything from the first table on (`kept`, the drop-in
+        way) and so did our earlier edits, the new config's tree gives the sections and the
+        top-level statements the rest, without another parse."""
+        read = base if text == base.text else _Config(text, self.o.config)
+        plugins = after.get(CONFIG, {}).get("plugins")
+        if not kept or plugins is None or read.body() != base.body():
+            return dict(read.data())
+        return {**read.root_data(), "plugins": plugins}
 
     def _drop_in(
         self,
         files: edits.Files,
-        base: str,
+        base: _Config,
         source: Mapping[str, Any],
         version: int,
         plugin: str,
         settings: dict[str, Any],
-    ) -> tuple[dict[str, bytes | None], str]:
+    ) -> tuple[dict[str, bytes | None], str, dict[str, Any]]:
+        drop_in, summary, tree = self._drop_in_file(source, version, plugin, settings)
+        config = self._with_import(base, files.get(CONFIG) is None, version)
+        return {CONFIG: config.encode(), DROP_IN: drop_in}, summary, tree
+
+    def _drop_in_file(
+        self, source: Mapping[str, Any], version: int, plugin: str, settings: dict[str, Any]
+    ) -> tuple[bytes, str, dict[str, Any]]:
+        """Our drop-in (written from a tree by `tt.dumps`, so valid by construction), the
+        summary, and the tree."""
         o = self.o
-        assert o.drop_in is not None
-        cri = _cri(source, plugin) if version == 2 else {}
-        doc = {"version": version, "plugins": {plugin: _merge(cri, settings)}}
+        cri = _cri_view(source, plugin) if version == 2 else {}
+        doc = {"version": version, "plugins": {plugin: _overlay(cri, settings)}}
         header = DROP_IN_HEADER + (V2_COPY_NOTE if version == 2 else "")
         drop_in = (header + "\n" + tt.dumps(doc)).encode()
-        config = self._with_import(base, files.get(CONFIG) is None, version)
         summary = f"config version {version}: drop-in {o.drop_in}, imported by {o.config}" + (
             " (with a copy of the CRI plugin section)" if version == 2 else ""
         )
-        return {CONFIG: config.encode(), DROP_IN: drop_in}, summary
+        return drop_in, summary, doc
 
-    def _with_import(self, text: str, created: bool, version: int) -> str:
+    def _with_import(self, base: _Config, created: bool, version: int) -> str:
         pattern = self.import_pattern()
+        text = base.text
         nl = tt.newline_of(text)
-        stmts = tt.statements(text, self.o.config)
-        current = next((s for s in stmts if s.table == () and s.path == ("imports",)), None)
+        root = base.root()
+        current = next((s for s in root if s.path == ("imports",)), None)
         if current is not None:
-            values = tt.lookup(tt.parse(text, self.o.config), ("imports",))
-            if not isinstance(values, list):
+            values = tt.lookup(base.root_data(), ("imports",))
+            if not _paths(values):
                 raise EditError(f"{self.o.config}: imports must be an array of paths")
             if pattern in values:
                 return text
@@ -238,7 +345,7 @@ class Containerd:
         at = next(
             (
                 s.end
-                for s in stmts
+                for s in root
                 if s.table == () and s.path == ("version",) and s.kind == "keyval"
             ),
             0,
@@ -247,14 +354,17 @@ class Containerd:
 
     def _in_place(
         self,
-        text: str,
+        base: _Config,
         created: bool,
         version: int,
         plugin: str,
         settings: dict[str, Any],
         template: bool,
     ) -> tuple[dict[str, bytes | None], tuple[str, ...]]:
+        """Our settings as edits of the file's statements, all computed on one reading of it
+        and then spliced in (linear in the file's size)."""
         name = self.o.config
+        text = base.text
         nl = tt.newline_of(text)
         cri_path = ("plugins", plugin)
         notes: list[str] = []
@@ -270,66 +380,75 @@ class Containerd:
                 "default runtime are left to k3s/RKE2 (its --default-runtime flag)"
             )
             scalars = []
+        splices = _Splices()
         if created and not template:
-            text = tt.marked_statement(f"version = {version}", nl) + text
+            splices.insert(0, tt.marked_statement(f"version = {version}", nl))
         block_tables: dict[str, Any] = {}
         for path, value in scalars:
-            text = self._set_scalar(text, path, value, nl, block_tables)
+            self._set_scalar(base, path, value, nl, block_tables, splices)
         runtimes_path = (*cri_path, "containerd", "runtimes")
         for handler, table in settings["containerd"]["runtimes"].items():
-            text = self._take_over(text, (*runtimes_path, handler), nl)
+            self._take_over(base, (*runtimes_path, handler), nl, splices)
             _merge(block_tables, _nest((*runtimes_path, handler), table))
+        text = splices.apply(text)
         if text and not text.endswith("\n"):
             text += nl
         text += tt.block(tt.dumps(block_tables), nl)
         return {CONFIG: text.encode()}, tuple(notes)
 
     def _set_scalar(
-        self, text: str, path: tuple[str, ...], value: Any, nl: str, block: dict[str, Any]
-    ) -> str:
+        self,
+        base: _Config,
+        path: tuple[str, ...],
+        value: Any,
+        nl: str,
+        block: dict[str, Any],
+        splices: _Splices,
+    ) -> None:
         name = self.o.config
-        stmts = tt.statements(text, name)
-        data = tt.parse(text, name)
+        text = base.text
+        stmts = base.stmts
         existing = next((s for s in stmts if s.kind == "keyval" and s.path == path), None)
         if existing is not None:
-            if tt.lookup(data, path) == value:
-                return text
+            if tt.lookup(base.data(), path) == value:
+                return
             raw = text[existing.start : existing.comment if existing.comment >= 0 else existing.end]
             key_part = tt.key_text(raw.rstrip("\r\n"))
             line = tt.marked_statement(
                 f"{key_part.rstrip()} = {tt.value(value)}", nl, text[existing.start : existing.end]
             )
-            return text[: existing.start] + line + text[existing.end :]
+            splices.replace(existing.start, existing.end, line)
+            return
         table = path[:-1]
-        header = next((s for s in stmts if s.kind == "table" and s.path == table), None)
-        if header is not None:
-            after = [s for s in stmts if s.start >= header.end]
+        at = next((n for n, s in enumerate(stmts) if s.kind == "table" and s.path == table), None)
+        if at is not None:
+            header = stmts[at]
             indent = ""
-            if after and after[0].kind == "keyval":
-                line_text = text[after[0].start : after[0].end]
+            if at + 1 < len(stmts) and stmts[at + 1].kind == "keyval":
+                line_text = text[stmts[at + 1].start : stmts[at + 1].end]
                 indent = line_text[: len(line_text) - len(line_text.lstrip())]
             line = tt.marked_statement(f"{indent}{tt.key(path[-1])} = {tt.value(value)}", nl)
-            return text[: header.end] + line + text[header.end :]
+            splices.insert(header.end, line)
+            return
         dotted = any(
             s.kind == "keyval" and len(s.table) < len(table) and s.path[: len(table)] == table
             for s in stmts
         )
-        if dotted or isinstance(tt.lookup(data, table), list):
+        if dotted or isinstance(tt.lookup(base.data(), table), list):
             raise EditError(
                 f"{name}: cannot add {'.'.join(path)}: the table is written as dotted keys or an "
                 "array; give it a [table] header or use a drop-in"
             )
         _merge(block, _nest(path, value))
-        return text
 
-    def _take_over(self, text: str, path: tuple[str, ...], nl: str) -> str:
+    def _take_over(self, base: _Config, path: tuple[str, ...], nl: str, splices: _Splices) -> None:
         """Move a table the file already has (and its sub-tables) out of the way: each run of its
         statements becomes one placeholder line holding the original text."""
         n = len(path)
-        stmts = tt.statements(text, self.o.config)
+        text = base.text
         removed: list[tt.Statement] = []
         inside = False
-        for s in stmts:
+        for s in base.stmts:
             if s.kind in ("table", "array-table"):
                 inside = s.path[:n] == path
             elif s.kind == "keyval" and not inside and s.path[:n] == path:
@@ -339,18 +458,13 @@ class Containerd:
                 )
             if inside and s.kind != "template":
                 removed.append(s)
-        out: list[str] = []
-        last = 0
         run_start = -1
-        for n, s in enumerate(removed):
+        for k, s in enumerate(removed):
             if run_start < 0:
                 run_start = s.start
-            if n + 1 == len(removed) or removed[n + 1].start != s.end:
-                out.append(text[last:run_start])
-                out.append(tt.moved_placeholder(text[run_start : s.end], nl))
-                last, run_start = s.end, -1
-        out.append(text[last:])
-        return "".join(out)
+            if k + 1 == len(removed) or removed[k + 1].start != s.end:
+                splices.replace(run_start, s.end, tt.moved_placeholder(text[run_start : s.end], nl))
+                run_start = -1
 
     # -- revert --------------------------------------------------------------------------------
 
@@ -371,34 +485,49 @@ class Containerd:
 
     # -- what changed --------------------------------------------------------------------------
 
-    def _owned(self, files: edits.Files, version: int, plugin: str) -> dict[str, Any]:
-        """Our settings as the runtime would see them in these files."""
+    def _owned(
+        self, config: Mapping[str, Any], drop_in: Mapping[str, Any], plugin: str
+    ) -> dict[str, Any]:
+        """Our settings as the runtime would see them in these files (their trees; the drop-in's
+        values over the config's, as containerd merges an import)."""
+
+        def seen(*path: str) -> Any:
+            low = tt.lookup(config, ("plugins", plugin, *path))
+            top = tt.lookup(drop_in, ("plugins", plugin, *path))
+            if isinstance(low, Mapping) and isinstance(top, Mapping):
+                return _overlay(low, top)
+            return low if top is None else top
+
         view: dict[str, Any] = {}
-        trees = []
-        for role in (CONFIG, DROP_IN):
-            try:
-                data = tt.parse(edits.decode(files.get(role), role), role)
-            except (tt.TomlTextError, EditError):
-                data = {}
-            trees.append(data)
-        merged = _merge(copy.deepcopy(trees[0]), trees[1])
-        cri = _cri(merged, plugin)
-        containerd = _mapping(cri.get("containerd"))
-        runtimes_now = _mapping(containerd.get("runtimes"))
         for h in self.o.handlers:
-            view[f"runtime handler {h.name}"] = runtimes_now.get(h.name)
-        view["enable_cdi"] = cri.get("enable_cdi")
-        view["default runtime"] = containerd.get("default_runtime_name")
-        if self.o.drop_in and version >= 2:
-            imports = trees[0].get("imports")
+            view[f"runtime handler {h.name}"] = seen("containerd", "runtimes", h.name)
+        view["enable_cdi"] = seen("enable_cdi")
+        view["default runtime"] = seen("containerd", "default_runtime_name")
+        if self.o.drop_in:
+            imports = config.get("imports")
             view["imports"] = isinstance(imports, list) and self.import_pattern() in imports
         return view
 
     def _changes(
-        self, before: edits.Files, after: Mapping[str, bytes | None], version: int, plugin: str
+        self,
+        before: edits.Files,
+        after: Mapping[str, bytes | None],
+        config_before: Mapping[str, Any] | None,
+        trees: Mapping[str, Mapping[str, Any]] | None,
+        plugin: str,
     ) -> list[str]:
-        old = self._owned(before, version, plugin)
-        new = self._owned(after, version, plugin)
+        """What changed, in sentences (`trees`: the new files parsed, None when none changes;
+        `config_before`: the config as read, see `_before`)."""
+        if trees is None or config_before is None:
+            return []
+        if before.get(DROP_IN) == after.get(DROP_IN):
+            drop_in_before: Mapping[str, Any] = trees.get(DROP_IN, {})
+        else:
+            drop_in_before = _readable(
+                lambda: tt.parse(edits.decode(before.get(DROP_IN), DROP_IN), DROP_IN)
+            )
+        old = self._owned(config_before, drop_in_before, plugin)
+        new = self._owned(trees.get(CONFIG, {}), trees.get(DROP_IN, {}), plugin)
         out: list[str] = []
         for h in self.o.handlers:
             k = f"runtime handler {h.name}"
@@ -421,6 +550,94 @@ class Containerd:
             elif not out:
                 out.append(f"rewrote our sections of {name}")
         return out
+
+
+# What the editor reads of a config: the top-level keys it sets and every version's CRI plugin.
+TOUCHED = (("version",), ("imports",), *(("plugins", p) for p in CRI_PLUGIN.values()))
+
+
+class _Config:
+    """A config's text, read once: its statements and the part of its meaning we use."""
+
+    def __init__(self, text: str, name: str) -> None:
+        self.text = text
+        self.name = name
+        self._stmts: list[tt.Statement] | None = None
+        self._root: list[tt.Statement] | None = None
+        self._data: dict[str, Any] | None = None
+        self._root_data: dict[str, Any] | None = None
+
+    @property
+    def stmts(self) -> list[tt.Statement]:
+        if self._stmts is None:
+            self._stmts = tt.statements(self.text, self.name)
+        return self._stmts
+
+    def root(self) -> list[tt.Statement]:
+        """The statements before the first table header (where top-level keys are)."""
+        if self._root is None:
+            stmts = (
+                self._stmts
+                if self._stmts is not None
+                else tt.statements(self.text, self.name, root_only=True)
+            )
+            self._root = list(
+                itertools.takewhile(lambda s: s.kind not in ("table", "array-table"), stmts)
+            )
+        return self._root
+
+    def root_data(self) -> dict[str, Any]:
+        """The meaning of the top-level statements (scanning only up to the first table)."""
+        if self._root_data is None:
+            self._root_data = tt.parse_subset(self.text, self.root(), [()], self.name)
+        return self._root_data
+
+    def body(self) -> str:
+        """The text from the first table on."""
+        root = self.root()
+        return self.text[root[-1].end if root else 0 :]
+
+    def data(self) -> dict[str, Any]:
+        """The top-level keys we set and the CRI plugin sections (see `tt.parse_subset`)."""
+        if self._data is None:
+            self._data = tt.parse_subset(self.text, self.stmts, TOUCHED, self.name)
+        return self._data
+
+
+class _Splices:
+    """Edits of a text at statement boundaries, applied in one pass: insertions (in the order
+    given, before a replacement starting at the same place) and replacements."""
+
+    def __init__(self) -> None:
+        self._edits: list[tuple[int, int, int, str]] = []  # start, order, end, new text
+
+    def insert(self, at: int, new: str) -> None:
+        self._edits.append((at, len(self._edits), at, new))
+
+    def replace(self, start: int, end: int, new: str) -> None:
+        self._edits.append((start, 1 << 30, end, new))
+
+    def apply(self, text: str) -> str:
+        pieces: list[str] = []
+        last = 0
+        for start, _order, end, new in sorted(self._edits):
+            pieces.append(text[last:start])
+            pieces.append(new)
+            last = max(last, end)
+        pieces.append(text[last:])
+        return "".join(pieces)
+
+
+def _paths(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _readable(read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A file's tree for the change sentences; an unreadable one counts as empty."""
+    try:
+        return read()
+    except (tt.TomlTextError, EditError):
+        return {}
 
 
 def _nest(path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -9,7 +9,9 @@ section they do not own; where a file holds nothing but ours, reverting deletes 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import gc
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,3 +71,18 @@ def decode(data: bytes | None, name: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise EditError(f"{name}: not UTF-8 text ({err})") from None
+
+
+@contextlib.contextmanager
+def bulk() -> Iterator[None]:
+    """Cyclic garbage collection paused while a big config becomes statements or a tree: the
+    collector would walk every object made so far again and again (the cost then grows faster
+    than the file), and these objects hold no cycles (reference counting frees them)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -24,7 +24,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.agents.container_toolkit import backup, configure, edits, runner
+from gpu_operator.agents.container_toolkit import backup, configure, edits, hostfile, runner
 from gpu_operator.agents.container_toolkit.settings import Settings
 
 log = logging.getLogger("gpu_operator.agents.container_toolkit.guard")
@@ -54,8 +54,10 @@ def _roles(s: Settings) -> list[str]:
 
 def files_of(s: Settings, view: runner.View) -> configure.RuntimeFiles:
     """The runtime files the toolkit may write, as this process sees them."""
-    every = runner.runtime_files(s, view).files
-    return configure.RuntimeFiles({r: every[r] for r in _roles(s) if r in every})
+    every = runner.runtime_files(s, view)
+    return configure.RuntimeFiles(
+        {r: every.files[r] for r in _roles(s) if r in every.files}, every.mounts.mounts
+    )
 
 
 def store_of(s: Settings, view: runner.View) -> backup.Store:
@@ -67,7 +69,7 @@ def save(s: Settings, view: runner.View) -> list[str]:
     guard never stands in the toolkit's way: a copy that cannot be made is reported, not fatal."""
     try:
         return _save(s, view)
-    except (OSError, edits.EditError, backup.BackupError) as err:
+    except (OSError, hostfile.IoFailure, edits.EditError, backup.BackupError) as err:
         return [f"cannot save the runtime config ({err}): the toolkit runs without the guard"]
 
 
@@ -85,7 +87,7 @@ def _save(s: Settings, view: runner.View) -> list[str]:
     said = []
     for role, data in current.items():
         store.save_original(role, data)
-        state.files[role] = backup.FileRecord(files.name(role), backup.digest(data))
+        state.files[role] = files.record(role, data)
         said.append(
             f"saved {files.name(role)} ({backup.digest(data)})"
             if data is not None
@@ -153,7 +155,7 @@ def restore(s: Settings, view: runner.View) -> Restored:
     out = Restored()
     try:
         _restore(s, view, out)
-    except (OSError, edits.EditError, backup.BackupError) as err:
+    except (OSError, hostfile.IoFailure, edits.EditError, backup.BackupError) as err:
         out.kept.append(f"cannot restore the runtime config: {err}")
     return out
 
@@ -184,7 +186,7 @@ def _restore(s: Settings, view: runner.View, out: Restored) -> None:
                 f"the original is {store.name}/{role}.orig"
             )
             continue
-        files.write(role, original)
+        files.put_back(role, original, record)
         out.exact.append(
             f"restored {name} byte for byte ({record.original})"
             if original is not None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gpu_operator.agents.container_toolkit import tomltext
+from gpu_operator.agents.container_toolkit import hostfile, tomltext
 
 log = logging.getLogger("gpu_operator.agents.container_toolkit")
 
@@ -46,7 +46,11 @@ exit 0
 
 
 class InstallError(Exception):
-    """The toolkit could not be installed (names the path)."""
+    """The toolkit could not be installed (names the path); `errno`: an I/O failure's."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 @dataclass(frozen=True)
@@ -107,27 +111,32 @@ def runtime_config(c: RuntimeConfig) -> str:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace a file so readers see the old or the new content, never half of one."""
+    """Replace a file so readers see the old or the new content, never half of one, and flush
+    both to disk (the toolkit's own files; the runtime's go through `hostfile`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    hostfile.sync_dir(path.parent)
 
 
 def install(root_view: Path, config: RuntimeConfig, *, stand_ins: bool) -> list[str]:
     """Install into `<root>/toolkit` (`root_view`: ROOT as this process sees it); returns what
-    it did, as log lines."""
+    it did, as log lines. An OSError is an InstallError of one line naming the file on the node
+    and the errno."""
     toolkit = root_view / TOOLKIT_SUBDIR
     done: list[str] = []
+    target = toolkit / CONFIG_RELATIVE
     try:
-        target = toolkit / CONFIG_RELATIVE
         write_atomic(target, runtime_config(config).encode())
         done.append(
             f"wrote the NVIDIA runtime config {posixpath.join(config.runtime_dir, CONFIG_RELATIVE)}"
@@ -135,7 +144,8 @@ def install(root_view: Path, config: RuntimeConfig, *, stand_ins: bool) -> list[
         missing = [b for b in BINARIES if not (toolkit / b).exists()]
         if stand_ins:
             for name in missing:
-                write_atomic(toolkit / name, STAND_IN.format(name=name).encode(), 0o755)
+                target = toolkit / name
+                write_atomic(target, STAND_IN.format(name=name).encode(), 0o755)
             if missing:
                 done.append(f"simulated node: wrote stand-ins for {', '.join(missing)}")
         elif missing:
@@ -144,7 +154,9 @@ def install(root_view: Path, config: RuntimeConfig, *, stand_ins: bool) -> list[
                 "binaries; on a real node they come from NVIDIA's container-toolkit image"
             )
     except OSError as err:
-        raise InstallError(f"installing the toolkit into {toolkit}: {err}") from err
+        name = posixpath.join(config.runtime_dir, target.relative_to(toolkit).as_posix())
+        failure = hostfile.IoFailure(name, "write it", err)
+        raise InstallError(f"installing the toolkit: {failure}", err.errno) from err
     return done
 
 

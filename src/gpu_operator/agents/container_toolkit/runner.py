@@ -5,7 +5,15 @@ Every step is logged as a sentence (what `kubectl logs` of the toolkit pod shows
 node administrator must see are Events on the Node: `RuntimeConfigured`, `RuntimeConfigDrift`
 (Warning: our settings were removed or changed behind our back and are re-applied),
 `RuntimeConfigRestored`, `RuntimeConfigPartiallyRestored` (Warning), `RuntimeConfigFailed`
-(Warning).
+(Warning, once per distinct failure).
+
+A file of the node that cannot be read or written (a full or read-only disk, a permission or I/O
+error: `hostfile.IoFailure`) is one log line, a `RuntimeConfigFailed` Event and the termination
+message (`failure`), and is retried with exponential backoff (`Backoff`), first configuring and
+in the drift loop alike; the files stay intact (every write is atomic). After
+RUNTIME_CONFIG_IO_TIMEOUT seconds of failures the agent exits 1 with the reason, without an
+uninstall (the next pod retries). On SIGTERM the restore is retried the same way within
+`restore_budget` seconds; a failed restore keeps the backup for the next pod and exits 1.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +36,7 @@ from gpu_operator.agents.container_toolkit import (
     crio,
     docker,
     edits,
+    hostfile,
     install,
     restart,
 )
@@ -45,6 +55,21 @@ class EventSink(Protocol):
 
 
 View = Callable[[str], Path]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Retry delays after an I/O failure: `first`, doubling up to `limit` (seconds)."""
+
+    first: float = 1.0
+    limit: float = 30.0
+
+    def after(self, delay: float | None) -> float:
+        return self.first if delay is None else min(self.limit, delay * 2)
+
+
+# How long a restore on SIGTERM keeps retrying I/O failures (within the default 30 s grace).
+RESTORE_BUDGET = 20.0
 
 
 def editor_for(s: Settings) -> edits.Editor:
@@ -77,15 +102,24 @@ def editor_for(s: Settings) -> edits.Editor:
 
 
 def runtime_files(s: Settings, view: View) -> configure.RuntimeFiles:
-    """The runtime's files by role, as this process sees them."""
+    """The runtime's files by role, as this process sees them, and the node's directories the pod
+    mounts for them (links are followed and temporary files placed through those)."""
     files = {edits.CONFIG: configure.FileSpec(view(s.config), s.config_host)}
+    mounts = [hostfile.Mount(_dir(s.config_host), view(_dir(s.config)))]
     if s.drop_in and s.runtime != "docker":
-        files[edits.DROP_IN] = configure.FileSpec(view(s.drop_in), s.drop_in_host or s.drop_in)
+        host = s.drop_in_host or s.drop_in
+        files[edits.DROP_IN] = configure.FileSpec(view(s.drop_in), host)
+        mounts.append(hostfile.Mount(_dir(host), view(_dir(s.drop_in))))
     if s.runtime == "crio":
         files[edits.HOOK] = configure.FileSpec(view(s.crio_hook), s.crio_hook)
+        mounts.append(hostfile.Mount(_dir(s.crio_hook), view(_dir(s.crio_hook))))
     if s.source:
         files[edits.SOURCE] = configure.FileSpec(view(s.source), s.source)
-    return configure.RuntimeFiles(files)
+    return configure.RuntimeFiles(files, mounts)
+
+
+def _dir(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
 
 
 def restarter_for(s: Settings, view: View) -> restart.Restarter:
@@ -111,6 +145,8 @@ class Agent:
         events: EventSink | None = None,
         stand_ins: bool = False,
         sys_root: Path = Path("/"),
+        backoff: Backoff = Backoff(),
+        restore_budget: float = RESTORE_BUDGET,
     ) -> None:
         self.s = settings
         self.view = view
@@ -128,6 +164,13 @@ class Agent:
         self._shut_down = False
         # Why the agent gave up (its exit is non-zero): the container's termination message.
         self.failure: str | None = None
+        self.gave_up = False  # exited without an uninstall (CDI spec or I/O failures)
+        self.backoff = backoff
+        self.restore_budget = restore_budget
+        self._io_since: float | None = None  # when the current run of I/O failures began
+        self._io_delay: float | None = None
+        self._retry_at = 0.0
+        self._reported: str | None = None  # the failure last recorded as an Event
 
     async def _event(self, type_: str, reason: str, message: str) -> None:
         if self.events is None:
@@ -161,6 +204,45 @@ class Agent:
         )
         for line in install.install(self.view(s.root), config, stand_ins=self.stand_ins):
             log.info("%s", line)
+
+    async def _install(self, stop: asyncio.Event) -> bool:
+        """Install; an I/O failure (a full or read-only disk under ROOT) is one line, an Event
+        `ToolkitInstallFailed` and the termination message, retried with backoff up to
+        RUNTIME_CONFIG_IO_TIMEOUT (or until stopped). False when the agent must exit."""
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        delay: float | None = None
+        while True:
+            try:
+                await asyncio.to_thread(self.install)
+            except install.InstallError as err:
+                line = str(err)
+                self.failure = line
+                if err.errno not in hostfile.TRANSIENT:
+                    log.error("%s", line)
+                    await self._event("Warning", "ToolkitInstallFailed", line)
+                    return False
+                timeout = self.s.io_timeout
+                if timeout > 0 and loop.time() - since >= timeout:
+                    self.failure = (
+                        f"{line} (failing for {timeout:g} s: exiting; the next pod retries)"
+                    )
+                    log.error("%s", self.failure)
+                    return False
+                delay = self.backoff.after(delay)
+                log.error("%s; retrying in %gs", line, delay)
+                if line != self._reported:
+                    self._reported = line
+                    await self._event("Warning", "ToolkitInstallFailed", line)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    return False
+                continue
+            if delay is not None:
+                log.info("the toolkit is installed: %s can be written again", self.s.runtime_dir)
+                self.failure = self._reported = None
+            return True
 
     def generate_cdi(self) -> bool:
         """Write the management CDI spec; False (with the reason logged once) when it fails."""
@@ -203,19 +285,34 @@ class Agent:
         self.cdi_path = None
 
     async def configure(self, *, drift: bool = False) -> bool:
-        """Apply our settings; restart the runtime when a file changed. False on failure."""
+        """Apply our settings; restart the runtime when a file changed. False on failure (an
+        I/O failure is retried: see `_io_failed`)."""
         try:
             applied = await asyncio.to_thread(
-                configure.apply, self.editor, self.files, self.store, self.s.runtime
+                configure.apply, self.editor, self.files, self.store, self.s.runtime, quick=drift
             )
-        except (edits.EditError, backup.BackupError) as err:
-            log.error("configuring %s failed: %s", self.s.runtime, err)
-            self.failure = f"configuring {self.s.runtime} failed: {err}"
-            await self._event("Warning", "RuntimeConfigFailed", f"{self.s.runtime}: {err}")
+        except hostfile.IoFailure as err:
+            if err.transient:
+                await self._io_failed(f"configuring {self.s.runtime} failed: {err}")
+                return False
+            await self._failed(
+                f"configuring {self.s.runtime} failed: {err}", f"{self.s.runtime}: {err}"
+            )
             return False
+        except (edits.EditError, backup.BackupError) as err:
+            await self._failed(
+                f"configuring {self.s.runtime} failed: {err}", f"{self.s.runtime}: {err}"
+            )
+            return False
+        self._recovered()
+        if applied.unchanged:
+            self.configured = True
+            return True
         edit = applied.edit
         if not drift:
             log.info("%s: %s", self.s.runtime, edit.summary)
+            for line in applied.links:
+                log.info("%s", line)
         for note in edit.notes:
             log.warning("%s", note)
         for name in applied.rebased:
@@ -241,6 +338,53 @@ class Agent:
         self.configured = True
         return True
 
+    async def _failed(self, line: str, event: str) -> None:
+        """A failure: the termination message; logged and an Event once while it stays the same
+        (the drift loop meets it at every check)."""
+        self.failure = line
+        if line != self._reported:
+            self._reported = line
+            log.error("%s", line)
+            await self._event("Warning", "RuntimeConfigFailed", event)
+
+    async def _io_failed(self, line: str) -> None:
+        """An I/O failure: one line per attempt (with the next delay), an Event when it is new,
+        the termination message, and the next attempt after the backoff delay."""
+        now = asyncio.get_running_loop().time()
+        if self._io_since is None:
+            self._io_since = now
+        self._io_delay = self.backoff.after(self._io_delay)
+        self._retry_at = now + self._io_delay
+        self.failure = line
+        log.error("%s; retrying in %gs", line, self._io_delay)
+        if line != self._reported:
+            self._reported = line
+            await self._event("Warning", "RuntimeConfigFailed", line)
+
+    def _recovered(self) -> None:
+        if self._io_since is not None:
+            log.info("the runtime config can be read and written again")
+        self._io_since = self._io_delay = None
+        self._reported = None
+        self.failure = None
+
+    @property
+    def io_failing(self) -> bool:
+        return self._io_since is not None
+
+    def _io_given_up(self) -> bool:
+        """Whether I/O failures have lasted RUNTIME_CONFIG_IO_TIMEOUT; then the reason is the
+        termination message and the agent exits without an uninstall (the next pod retries)."""
+        timeout = self.s.io_timeout
+        if self._io_since is None or timeout <= 0 or self.failure is None:
+            return False
+        if asyncio.get_running_loop().time() - self._io_since < timeout:
+            return False
+        self.failure += f" (failing for {timeout:g} s: exiting; the next pod retries)"
+        log.error("%s", self.failure)
+        self.gave_up = True
+        return True
+
     async def restart(self) -> None:
         log.info("restarting %s: %s", self.s.runtime, self.restarter.description)
         try:
@@ -250,15 +394,39 @@ class Agent:
             await self._event("Warning", "RuntimeRestartFailed", str(err))
 
     async def restore(self) -> None:
-        """Put the node's runtime config back (see `configure.restore`) and tell."""
-        try:
-            restored = await asyncio.to_thread(
-                configure.restore, self.editor, self.files, self.store
-            )
-        except (edits.EditError, backup.BackupError) as err:
-            log.error("restoring the runtime config failed: %s", err)
-            await self._event("Warning", "RuntimeConfigFailed", f"restore: {err}")
-            return
+        """Put the node's runtime config back (see `configure.restore`) and tell; I/O failures
+        are retried with backoff within `restore_budget` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.restore_budget
+        delay: float | None = None
+        while True:
+            try:
+                restored = await asyncio.to_thread(
+                    configure.restore, self.editor, self.files, self.store
+                )
+                break
+            except hostfile.IoFailure as err:
+                line = f"restoring the runtime config failed: {err}"
+                delay = self.backoff.after(delay)
+                left = deadline - loop.time()
+                if left <= 0 or not err.transient:
+                    self.failure = (
+                        f"{line}; the backup in {self.store.name} is kept: the next toolkit pod "
+                        "restores from it (or copy its .orig files back by hand)"
+                    )
+                    log.error("%s", self.failure)
+                    await self._event("Warning", "RuntimeConfigFailed", self.failure)
+                    return
+                delay = min(delay, left)
+                log.error("%s; retrying in %gs", line, delay)
+                if line != self._reported:
+                    self._reported = line
+                    await self._event("Warning", "RuntimeConfigFailed", line)
+                await asyncio.sleep(delay)
+            except (edits.EditError, backup.BackupError) as err:
+                log.error("restoring the runtime config failed: %s", err)
+                await self._event("Warning", "RuntimeConfigFailed", f"restore: {err}")
+                return
         for line in restored.exact:
             log.info("%s", line)
         for line in restored.partial:
@@ -293,12 +461,13 @@ class Agent:
         lock = install.PidLock(self.view(s.pid_file))
         try:
             lock.acquire()
-            self.install()
         except install.InstallError as err:
             log.error("%s", err)
             self.failure = str(err)
             return EXIT_FAILED
         try:
+            if not await self._install(stop):
+                return EXIT_FAILED
             self.generate_cdi()
             if s.nri:
                 log.info(
@@ -307,16 +476,17 @@ class Agent:
                     s.runtime,
                 )
                 self.configured = True
-            elif not await self.configure():
-                return EXIT_FAILED
+            elif not await self.configure() and (not self.io_failing or s.no_daemon):
+                return EXIT_FAILED  # a config the toolkit cannot edit: said, nothing written
             if s.no_daemon:
                 log.info("NO_DAEMON: configured, exiting without waiting (no restore on exit)")
                 return EXIT_OK
             try:
                 await self._serve(stop, on_ready)
-                if self.failure is not None:
-                    # Giving up on the CDI spec is not an uninstall: the runtime keeps our
-                    # handlers, so the next pod finds them in place and restarts nothing.
+                if self.gave_up:
+                    # Giving up (on the CDI spec, on a disk that stays unwritable) is not an
+                    # uninstall: the runtime keeps our handlers, so the next pod finds them in
+                    # place and restarts nothing.
                     return EXIT_FAILED
             except asyncio.CancelledError:
                 # Cancelled instead of signalled (an event loop shutting down, an in-process pod
@@ -325,7 +495,7 @@ class Agent:
                 await self.shutdown()
                 raise
             await self.shutdown()
-            return EXIT_OK
+            return EXIT_OK if self.failure is None else EXIT_FAILED
         finally:
             lock.release()
 
@@ -350,6 +520,7 @@ class Agent:
         )
         log.error("%s", self.failure)
         await self._event("Warning", "CDISpecGenerationFailed", self.failure)
+        self.gave_up = True
         return True
 
     async def _serve(self, stop: asyncio.Event, on_ready: Callable[[], None] | None) -> None:
@@ -361,12 +532,13 @@ class Agent:
             on_ready()
             told = True
         log.info("Waiting for SIGTERM (checking the runtime config every %gs)", s.drift_interval)
+        next_check = self._next_check(loop.time())
         while not stop.is_set():
-            interval = s.drift_interval or 3600.0
-            if not self.ready:
-                interval = min(interval, 1.0)
+            wait = next_check - loop.time()
+            if s.cdi_enabled and (self.cdi_path is None or not self.ready):
+                wait = min(wait, 1.0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                await asyncio.wait_for(stop.wait(), max(0.0, wait))
             if stop.is_set():
                 break
             if s.cdi_enabled and (self.cdi_path is None or not self.cdi_path.exists()):
@@ -380,12 +552,24 @@ class Agent:
                         return
             if self.cdi_path is not None:
                 missing_since = None
-            if s.drift_interval and not s.nri:
-                await self.configure(drift=True)
+            if not s.nri and loop.time() >= next_check:
+                await self.configure(drift=self.configured)
+                if self._io_given_up():
+                    return
+                next_check = self._next_check(loop.time())
             if self.ready and not told and on_ready is not None:
                 on_ready()
                 told = True
         log.info("Signal received: restoring the node's runtime config")
+
+    def _next_check(self, now: float) -> float:
+        """When to look at the runtime config next: after the backoff delay while I/O fails,
+        else after the drift interval (none: an hour, to wake up anyway)."""
+        if self.io_failing:
+            return self._retry_at
+        if self.s.nri or not self.s.drift_interval:
+            return now + 3600.0
+        return now + self.s.drift_interval
 
     async def shutdown(self) -> None:
         """Restore the runtime config and remove the CDI spec (once)."""

@@ -20,7 +20,10 @@ Ours: RUNTIME_CONFIG_HOST_PATH (the config's path on the host, for messages; def
 usual directory when the config is mounted under /runtime/config-dir), RUNTIME_CONFIG_BACKUP_DIR
 (`<ROOT>/runtime-config-backup`), RUNTIME_CONFIG_DRIFT_INTERVAL (seconds, 5; 0: no drift checks),
 CDI_SPEC_TIMEOUT (seconds, 60: how long the management CDI spec may stay ungenerated before the
-agent exits with the reason; 0: retry forever), NODE_NAME (for the node's Events).
+agent exits with the reason; 0: retry forever), RUNTIME_CONFIG_IO_TIMEOUT (seconds, 60: how long
+reading or writing the runtime config may keep failing, a full or read-only disk, a permission or
+I/O error, before the agent exits with the reason; 0: retry forever), NODE_NAME (for the node's
+Events).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ OPERATOR_CONFIG_DIR = "/runtime/config-dir/"
 DEFAULT_DRIVER_ROOT = "/run/nvidia/driver"
 DEFAULT_DRIFT_INTERVAL = 5.0
 DEFAULT_CDI_SPEC_TIMEOUT = 60.0
+DEFAULT_IO_TIMEOUT = 60.0
 TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
 FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
 
@@ -100,6 +104,7 @@ class Settings:
     backup_dir: str = "/usr/local/nvidia/" + backup.DIR_NAME
     drift_interval: float = DEFAULT_DRIFT_INTERVAL
     cdi_spec_timeout: float = DEFAULT_CDI_SPEC_TIMEOUT
+    io_timeout: float = DEFAULT_IO_TIMEOUT
     node_name: str = ""
     warnings: tuple[str, ...] = field(default=())
 
@@ -279,6 +284,9 @@ def from_env(env: Mapping[str, str]) -> Settings:
         backup_dir=env.get("RUNTIME_CONFIG_BACKUP_DIR") or posixpath.join(root, backup.DIR_NAME),
         drift_interval=interval,
         cdi_spec_timeout=cdi_spec_timeout,
+        io_timeout=_seconds(
+            env, "RUNTIME_CONFIG_IO_TIMEOUT", DEFAULT_IO_TIMEOUT, "0 retries forever"
+        ),
         node_name=env.get("NODE_NAME", ""),
         warnings=tuple(warnings),
     )

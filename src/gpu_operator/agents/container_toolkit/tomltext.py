@@ -11,12 +11,15 @@ Also a small writer for the files we own entirely (drop-ins, the toolkit's own c
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gpu_operator.agents.container_toolkit.edits import bulk
 
 MARK = "nvidia-container-toolkit"
 BLOCK_BEGIN = f"# BEGIN {MARK}: added by the GPU operator's toolkit agent, removed on uninstall"
@@ -24,6 +27,25 @@ BLOCK_END = f"# END {MARK}"
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _MARKER = re.compile(rf"^# {re.escape(MARK)}(?:, was: (\".*\"))?\s*$")
 _MOVED = re.compile(rf"^\s*# {re.escape(MARK)} moved this into its block below, was: (\".*\")\s*$")
+# What the scanners jump between: quotes, brackets, comments, newlines (all else is skipped in C).
+_SPECIAL = re.compile(r"[\"'\[\]{}#\n]")
+_BASIC_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_LITERAL_STRING = re.compile(r"'[^'\n]*'")
+_TEMPLATE_LINE = re.compile(r"^[ \t\r\f\v]*\{\{", re.MULTILINE)
+# Whole statements of the common shapes, matched in one go (anything else takes the scanner):
+# a key (bare or quoted parts, no escapes) = a string, a bare token (number, boolean, date) or a
+# one-line array of such; a [table] or [[array]] header; each with an optional comment.
+_PART = r"""(?:[A-Za-z0-9_-]+|"[^"\\\n]*"|'[^'\n]*')"""
+_KEY = rf"{_PART}(?:[ \t]*\.[ \t]*{_PART})*"
+_ITEM = r"""(?:"[^"\\\n]*"|'[^'\n]*'|[A-Za-z0-9_:.+-]+)"""
+_VALUE = rf"""(?:{_ITEM}|\[[ \t]*(?:{_ITEM}[ \t]*,[ \t]*)*(?:{_ITEM}[ \t]*)?\])"""
+_TAIL = r"[ \t]*(?P<comment>#[^\n]*)?(?:\n|\Z)"
+_WHOLE_KEY = re.compile(_KEY)
+_KEY_PART = re.compile(_PART)
+_SIMPLE_KEYVAL = re.compile(rf"[ \t]*(?P<key>{_KEY})[ \t]*=[ \t]*{_VALUE}(?![\"'])" + _TAIL)
+_SIMPLE_HEADER = re.compile(
+    rf"[ \t]*\[(?P<array>\[)?[ \t]*(?P<key>{_KEY})[ \t]*\](?(array)\])" + _TAIL
+)
 
 
 class TomlTextError(ValueError):
@@ -68,16 +90,11 @@ def _skip_string(text: str, i: int) -> int:
                 while text.startswith(quote[0], k + 3):
                     k += 1
                 return k + 3
-    quote = text[i]
-    j = i + 1
-    while j < len(text) and text[j] != "\n":
-        if text[j] == "\\" and quote == '"':
-            j += 2
-            continue
-        if text[j] == quote:
-            return j + 1
-        j += 1
-    return j
+    match = (_BASIC_STRING if text[i] == '"' else _LITERAL_STRING).match(text, i)
+    if match is not None:
+        return match.end()
+    nl = text.find("\n", i)  # unterminated: the rest of the line
+    return len(text) if nl < 0 else nl
 
 
 def _escaped(text: str, k: int) -> bool:
@@ -92,7 +109,11 @@ def _statement_end(text: str, i: int) -> tuple[int, int]:
     depth = 0
     comment = -1
     j = i
-    while j < len(text):
+    while True:
+        special = _SPECIAL.search(text, j)
+        if special is None:
+            break
+        j = special.start()
         c = text[j]
         if c in "\"'":
             j = _skip_string(text, j)
@@ -126,10 +147,20 @@ def _single_path(data: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _key_path(raw: str, name: str) -> tuple[str, ...]:
+    key = raw.strip()
     try:
-        return _single_path(tomllib.loads(f"{raw.strip()} = 0"))
+        return _parsed_key(key)
     except tomllib.TOMLDecodeError as err:
-        raise TomlTextError(f"{name}: cannot read the key {raw.strip()!r}: {err}") from None
+        raise TomlTextError(f"{name}: cannot read the key {key!r}: {err}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_key(key: str) -> tuple[str, ...]:
+    """A dotted key's parts: bare and escape-free quoted parts directly, the rest by `tomllib`
+    (keys repeat a lot in a big config, hence the cache)."""
+    if _WHOLE_KEY.fullmatch(key) is not None:
+        return tuple(part[1:-1] if part[0] in "\"'" else part for part in _KEY_PART.findall(key))
+    return _single_path(tomllib.loads(f"{key} = 0"))
 
 
 def _header_path(raw: str, name: str) -> tuple[str, ...]:
@@ -152,12 +183,40 @@ def key_text(stmt_text: str) -> str:
     return stmt_text
 
 
-def statements(text: str, name: str = "config") -> list[Statement]:
-    """Split a TOML text into statements (template lines included as opaque ones)."""
+def statements(
+    text: str, name: str = "config", *, root_only: bool = False, until: int | None = None
+) -> list[Statement]:
+    """Split a TOML text into statements (template lines included as opaque ones); with
+    `root_only`, stop after the first table header; with `until`, after the statement that
+    holds that offset."""
+    with bulk():
+        return _statements(text, name, root_only, until)
+
+
+def _statements(text: str, name: str, root_only: bool, until: int | None) -> list[Statement]:
     out: list[Statement] = []
     table: tuple[str, ...] = ()
     i = 0
-    while i < len(text):
+    size = len(text) if until is None else min(len(text), until + 1)
+    while i < size:
+        simple = _SIMPLE_KEYVAL.match(text, i)
+        if simple is not None:
+            end = simple.end()
+            key = _key_path(simple["key"], name)
+            comment = simple.start("comment")
+            out.append(Statement("keyval", i, end, table + key, table, comment))
+            i = end
+            continue
+        simple = _SIMPLE_HEADER.match(text, i)
+        if simple is not None:
+            end = simple.end()
+            table = _key_path(simple["key"], name)
+            kind = "table" if simple["array"] is None else "array-table"
+            out.append(Statement(kind, i, end, table, (), simple.start("comment")))
+            if root_only:
+                break
+            i = end
+            continue
         nl = text.find("\n", i)
         line = text[i : len(text) if nl < 0 else nl + 1]
         stripped = line.strip()
@@ -175,6 +234,8 @@ def statements(text: str, name: str = "config") -> list[Statement]:
             kind = "array-table" if body.startswith("[[") else "table"
             table = _header_path(body, name)
             out.append(Statement(kind, i, end, table, (), comment))
+            if root_only:
+                break
         else:
             key = _key_path(key_text(body), name)
             out.append(Statement("keyval", i, end, table + key, table, comment))
@@ -184,6 +245,8 @@ def statements(text: str, name: str = "config") -> list[Statement]:
 
 def masked(text: str) -> str:
     """The text with template lines blanked, for `tomllib`."""
+    if _TEMPLATE_LINE.search(text) is None:
+        return text
     return "".join(
         "\n" if is_template_line(line) else line for line in text.splitlines(keepends=True)
     )
@@ -192,8 +255,50 @@ def masked(text: str) -> str:
 def parse(text: str, name: str) -> dict[str, Any]:
     """The document's meaning (template lines ignored); TomlTextError names the file."""
     try:
-        return tomllib.loads(masked(text))
+        with bulk():
+            return tomllib.loads(masked(text))
     except tomllib.TOMLDecodeError as err:
+        raise TomlTextError(f"{name}: not valid TOML: {err}") from None
+
+
+def has_template_lines(text: str) -> bool:
+    return _TEMPLATE_LINE.search(text) is not None
+
+
+def overlaps(path: Sequence[str], prefixes: Iterable[Sequence[str]]) -> bool:
+    """Whether `path` is a prefix of one of `prefixes` or extends one of them."""
+    path = tuple(path)
+    return any(path[: len(p)] == tuple(p)[: len(path)] for p in prefixes)
+
+
+def has_content(stmts: Sequence[Statement]) -> bool:
+    """Whether the statements define anything (a file of comments and blank lines does not)."""
+    return any(s.kind in ("keyval", "table", "array-table") for s in stmts)
+
+
+def parse_subset(
+    text: str, stmts: Sequence[Statement], prefixes: Iterable[Sequence[str]], name: str
+) -> dict[str, Any]:
+    """The meaning of the statements whose paths overlap `prefixes` (see `overlaps`), in file
+    order: the same subtrees the whole document has, at the cost of parsing only them.
+
+    Sound because every TOML rule that relates two statements (a key defined twice, a table
+    defined twice or after dotted keys made it, an inline table or array extended) relates paths
+    one of which is a prefix of the other; and a key/value whose path overlaps sits in a table
+    whose path overlaps, so its header comes along. Statements that overlap nothing are not read
+    at all: syntax errors there are not seen (`parse` of the whole text is the gate for that)."""
+    prefixes = [tuple(p) for p in prefixes]
+    pieces: list[str] = []
+    for s in stmts:
+        if s.kind in ("keyval", "table", "array-table") and overlaps(s.path, prefixes):
+            piece = text[s.start : s.end]
+            pieces.append(piece if piece.endswith("\n") else piece + "\n")
+    try:
+        with bulk():
+            return tomllib.loads("".join(pieces))
+    except tomllib.TOMLDecodeError as err:
+        # Name the place in the file itself: the whole text's error when it has one.
+        parse(text, name)
         raise TomlTextError(f"{name}: not valid TOML: {err}") from None
 
 
@@ -230,10 +335,13 @@ def marked_statement(body: str, newline: str, was: str | None = None) -> str:
 def strip_ours(text: str, name: str) -> str:
     """The text without anything we added: our block goes (tables it displaced come back), our
     marked statements go or get their original text back."""
+    if MARK not in text:
+        return text
     text = _strip_block(text)
     pieces: list[str] = []
     last = 0
-    for stmt in statements(text, name):
+    # Nothing after the last marker is ours: the statements up to it are enough.
+    for stmt in statements(text, name, until=text.rfind(MARK)):
         ours, was = marker_of(text, stmt)
         if stmt.kind == "trivia":
             moved = _MOVED.match(text[stmt.start : stmt.end])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gpu_operator import nvml
+from gpu_operator import http_endpoint, nvml
 from gpu_operator.agents import mock_backend
 from gpu_operator.agents.dcgm_exporter import collector as collector_mod
 from gpu_operator.agents.dcgm_exporter import counters as counters_mod
@@ -188,7 +188,7 @@ async def serve(
             loop.add_signal_handler(signal.SIGHUP, collector.reload)
             handled.append(signal.SIGHUP)
     host, port = server.parse_listen(listen)
-    listener: asyncio.Server | None = None
+    listener: http_endpoint.Endpoint | None = None
     collector.start()
     try:
         task = asyncio.create_task(collector.run(stop))

@@ -7,26 +7,19 @@ worked for three intervals, so a liveness probe restarts an exporter whose NVML 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import Awaitable, Callable
+import functools
 
+from gpu_operator import http_endpoint
 from gpu_operator.agents.dcgm_exporter import exposition
 from gpu_operator.agents.dcgm_exporter.collector import Collector
 
-log = logging.getLogger(__name__)
 INDEX = (
     "<html><head><title>GPU metrics exporter</title></head><body>"
     '<h1>GPU metrics exporter</h1><p><a href="/metrics">Metrics</a></p>'
     '<p><a href="/health">Health</a></p></body></html>'
 )
 # A request head larger than this is refused (the scrapers' heads are a few hundred bytes).
-MAX_HEAD = 16384
-# An idle keep-alive connection is closed after this long (Prometheus reconnects as needed).
-IDLE_SECONDS = 120.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}  # fmt: skip
+MAX_HEAD = http_endpoint.MAX_HEAD
 
 
 def respond(collector: Collector, method: str, path: str) -> tuple[int, str, bytes]:
@@ -45,81 +38,17 @@ def respond(collector: Collector, method: str, path: str) -> tuple[int, str, byt
     return 404, "text/plain; charset=utf-8", b"404 page not found\n"
 
 
-async def _serve_connection(
-    collector: Collector, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    """HTTP/1.1 with keep-alive, enough for Prometheus, curl and probes. The exporter answers
-    from memory, so a small server of its own replaces a web framework (about 11 MiB of RSS:
-    the exporter's memory target is 60 MB)."""
-    try:
-        while True:
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_SECONDS)
-            except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                return
-            except asyncio.LimitOverrunError:
-                await _write(writer, 400, "text/plain", b"request head too large\n", False)
-                return
-            lines = head.decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-                await _write(writer, 400, "text/plain", b"malformed request line\n", False)
-                return
-            method, path, version = parts
-            headers = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip().lower()
-            if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
-                await _write(writer, 400, "text/plain", b"request bodies are not accepted\n", False)
-                return
-            connection = headers.get("connection", "")
-            keep = connection != "close" and (version == "HTTP/1.1" or connection == "keep-alive")
-            status, content_type, body = respond(collector, method, path)
-            await _write(writer, status, content_type, b"" if method == "HEAD" else body, keep,
-                         length=len(body))  # fmt: skip
-            if not keep:
-                return
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+def handler(collector: Collector) -> http_endpoint.Handler:
+    """The connection handler answering `/metrics`, `/health` and `/` from `collector`, under the
+    connection limits every endpoint of ours has (`gpu_operator.http_endpoint`)."""
+    return http_endpoint.Handler(functools.partial(respond, collector), what="metrics exporter")
 
 
-async def _write(
-    writer: asyncio.StreamWriter,
-    status: int,
-    content_type: str,
-    body: bytes,
-    keep: bool,
-    length: int | None = None,
-) -> None:
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body) if length is None else length}\r\n"
-        f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
-    )
-    writer.write(head.encode("latin-1") + body)
-    with contextlib.suppress(ConnectionError):
-        await writer.drain()
-
-
-def handler(
-    collector: Collector,
-) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-    """The connection handler answering `/metrics`, `/health` and `/` from `collector`."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _serve_connection(collector, reader, writer)
-
-    return handle
-
-
-async def start(collector: Collector, host: str, port: int) -> asyncio.Server:
+async def start(collector: Collector, host: str, port: int) -> http_endpoint.Endpoint:
     """Listen on (host, port) with `handler(collector)`."""
-    return await asyncio.start_server(handler(collector), host, port, limit=MAX_HEAD)
+    return await http_endpoint.start(
+        functools.partial(respond, collector), host, port, what="metrics exporter"
+    )
 
 
 def parse_listen(address: str) -> tuple[str, int]:

@@ -179,9 +179,38 @@ def replicate(devices: Iterable[Device], replicas: int) -> list[Device]:
     ]
 
 
+def advertised_count(base: Mapping[str, list[Device]], config: pc.PluginConfig) -> dict[str, int]:
+    """Per resource name, how many devices `config` makes of the node's `base` devices."""
+    counts = {name: len(devices) for name, devices in base.items() if devices}
+    replicated = config.sharing.replicated()
+    for r in replicated.resources if replicated is not None else ():
+        if base.get(r.name):
+            counts.pop(r.name, None)
+            name = r.rename or r.name
+            counts[name] = counts.get(name, 0) + len(base[r.name]) * r.replicas
+    return counts
+
+
+def check_node_total(base: Mapping[str, list[Device]], config: pc.PluginConfig) -> None:
+    """DeviceError when the node would advertise more than pc.MAX_NODE_DEVICES devices."""
+    counts = advertised_count(base, config)
+    total = sum(counts.values())
+    if total <= pc.MAX_NODE_DEVICES:
+        return
+    shown = ", ".join(f"{name} {n:,}" for name, n in sorted(counts.items()))
+    raise DeviceError(
+        f"this node would advertise {total:,} devices ({shown}), more than the "
+        f"{pc.MAX_NODE_DEVICES:,} one node may advertise (the kubelet reads each resource's "
+        "device list as one gRPC message of at most 4 MiB): lower the replicas in "
+        "sharing.timeSlicing or sharing.mps"
+    )
+
+
 def build_resources(node: NodeFacts, config: pc.PluginConfig) -> tuple[Resource, ...]:
-    """The resources this node advertises under `config`, GPUs first, each with devices."""
+    """The resources this node advertises under `config`, GPUs first, each with devices;
+    DeviceError when they would be more than pc.MAX_NODE_DEVICES."""
     base = base_devices(node, config.flags.mig_strategy)
+    check_node_total(base, config)
     sharing = config.sharing.strategy()
     replicated = config.sharing.replicated()
     out: dict[str, Resource] = {}

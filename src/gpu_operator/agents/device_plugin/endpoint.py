@@ -7,9 +7,7 @@ retrying, with the reason; the device health itself goes to the kubelet, not her
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
+from gpu_operator import http_endpoint
 from gpu_operator.agents.device_plugin.manager import Manager
 
 
@@ -27,32 +25,14 @@ def status(m: Manager) -> tuple[int, str]:
     return 200, "\n".join(lines) + "\n"
 
 
-async def serve(m: Manager, port: int, host: str = "0.0.0.0") -> asyncio.Server:
-    """Listen on `host:port`; the caller closes the returned server."""
+async def serve(m: Manager, port: int, host: str = "0.0.0.0") -> http_endpoint.Endpoint:
+    """Listen on `host:port` (with the connection limits of every endpoint of ours); the caller
+    closes the returned endpoint."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request.decode(errors="replace").split()
-            if len(parts) >= 2 and parts[0] == "GET" and parts[1] == "/health":
-                code, body = status(m)
-            else:
-                code, body = 404, "not found\n"
-            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[code]
-            data = body.encode()
-            writer.write(
-                f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-                + data
-            )
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    def health() -> http_endpoint.Answer:
+        code, body = status(m)
+        return code, http_endpoint.TEXT, body.encode()
 
-    return await asyncio.start_server(handle, host, port)
+    return await http_endpoint.start(
+        http_endpoint.routes({"/health": health}), host, port, what="device plugin health endpoint"
+    )

@@ -71,6 +71,11 @@ def mig_manager(
         envvar="GPU_CLIENTS_TIMEOUT",
         help="Seconds to wait for GPU-client pods to leave the node before failing.",
     ),
+    validations_dir: str = typer.Option(
+        "/run/nvidia/validations",
+        envvar="VALIDATIONS_DIR",
+        help="Where the driver container's .driver-ctr-ready marker says the driver is ready.",
+    ),
     backend: str = typer.Option(
         "nvml", envvar="MIG_MANAGER_BACKEND", help="nvml (real GPUs) or mock."
     ),
@@ -103,6 +108,7 @@ def mig_manager(
         pod_namespace=pod_namespace,
         kubeconfig=kubeconfig or None,
         clients_timeout=clients_timeout,
+        validations_dir=validations_dir,
         backend=backend,
         machine=machine,
         machine_file=machine_file,

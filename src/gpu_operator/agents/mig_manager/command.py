@@ -21,7 +21,7 @@ import yaml
 from gpu_operator import nvml
 from gpu_operator.agents import mock_backend
 from gpu_operator.agents.mig_manager import config as cfg
-from gpu_operator.agents.mig_manager import generate, reconfigure, runner
+from gpu_operator.agents.mig_manager import generate, readiness, reconfigure, retry, runner
 from gpu_operator.agents.mig_manager import gpus as gpus_mod
 from gpu_operator.agents.mig_manager import host as host_mod
 from gpu_operator.api import keys
@@ -61,6 +61,9 @@ class Options:
     pod_namespace: str = ""
     kubeconfig: str | None = None
     clients_timeout: float = 300.0
+    # Where the driver container's ready marker is (ours): while a containerised driver is not
+    # ready the GPUs are left alone, and its return triggers a retry ('' or missing: not seen).
+    validations_dir: str = "/run/nvidia/validations"
     backend: str = "nvml"
     machine: str | None = None
     machine_file: Path | None = None
@@ -161,7 +164,10 @@ async def serve(
 ) -> None:
     """Run the manager for one node with the given GPUs, host and `mig_node.NodeApi`."""
     gpus = gpus_mod.Gpus(open_nvml, host)
-    source = await asyncio.to_thread(config_source, o, gpus)
+    marker = readiness.DriverMarker(o.validations_dir)
+    source = await _wait_for_config_source(o, gpus, marker, stop, poll_interval)
+    if source is None:
+        return  # stopped while waiting for the driver
     log.info("MIG configs: %s", source.origin)
     if source.generated is not None and o.pod_name and o.pod_namespace:
         try:
@@ -171,8 +177,55 @@ async def serve(
             log.warning("could not publish %s-mig-config: %s", o.node_name, err)
     settings = settings_for(o)
     settings.poll_interval = poll_interval
-    reconfigurer = reconfigure.Reconfigurer(api, gpus, source.load, settings)
-    await runner.run(reconfigurer, api.label_values(keys.MIG_CONFIG), stop=stop, on_idle=on_idle)
+    reconfigurer = reconfigure.Reconfigurer(
+        api, gpus, source.load, settings, driver_marker=marker.present
+    )
+    await runner.run(
+        reconfigurer,
+        api.label_values(keys.MIG_CONFIG),
+        stop=stop,
+        on_idle=on_idle,
+        driver_ready=marker.changes(poll_interval),
+    )
+
+
+async def _wait_for_config_source(
+    o: Options,
+    gpus: gpus_mod.Gpus,
+    marker: readiness.DriverMarker,
+    stop: asyncio.Event,
+    poll_interval: float,
+) -> ConfigSource | None:
+    """`config_source`, tried again while the driver it reads the GPUs through is missing (a
+    manager started while the driver pod is replaced); None when stopped meanwhile."""
+    loop = asyncio.get_running_loop()
+    backoff = retry.Backoff()
+    attempt = 0
+    while True:
+        try:
+            return await asyncio.to_thread(config_source, o, gpus)
+        except nvml.NvmlError as err:
+            if not retry.transient_code(err.code):
+                raise
+            attempt += 1
+            delay = backoff.delay(attempt)
+            log.warning(
+                "cannot read the GPUs for the MIG configs yet (%s); retrying in %.0fs, or as "
+                "soon as the driver container is ready",
+                err,
+                delay,
+            )
+        end = loop.time() + delay
+        was = marker.present()
+        while loop.time() < end:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(poll_interval, end - loop.time()))
+            if stop.is_set():
+                return None
+            now = marker.present()
+            if now and was is False:
+                break
+            was = now
 
 
 def open_backend(o: Options) -> tuple[Callable[[], nvml.Nvml], host_mod.Host]:

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from gpu_operator.agents.mig_manager import profiles
 from gpu_operator.agents.mig_manager.profiles import Profile
+from gpu_operator.api import manifests
 
 VERSION = "v1"
 ALL: Literal["all"] = "all"
@@ -126,9 +125,9 @@ def load(path: str | Path) -> MigConfigFile:
 
 def loads(text: str, source: str = "config") -> MigConfigFile:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not valid YAML: {err}") from None
+        data = manifests.load_text(text, source)
+    except manifests.ManifestError as err:
+        raise ConfigError(str(err)) from None
     return parse(data, source)
 
 

@@ -28,7 +28,12 @@ log = logging.getLogger("gpu_operator.agents.mig_manager")
 
 
 class ApplyError(RuntimeError):
-    """A step of a plan failed on the GPUs; the message names the GPU and the step."""
+    """A step of a plan failed on the GPUs; the message names the GPU and the step, `code` the
+    NVML return code behind it (None: not an NVML error)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ModeChangeFailed(ApplyError):
@@ -128,13 +133,14 @@ class Gpus:
                     except nvml.NvmlError as err:
                         raise ModeChangeFailed(
                             f"GPU {gpu.index}: setting MIG mode "
-                            f"{'on' if gpu.set_mode else 'off'} failed: {err}"
+                            f"{'on' if gpu.set_mode else 'off'} failed: {err}",
+                            err.code,
                         ) from None
                 # Drivers that activate the mode themselves (an idle GPU) need no reset from us.
                 if gpu.needs_reset and device.mig_mode().current != gpu.target_enabled:
                     resets.append(host_mod.GpuRef(gpu.index, device.pci_info().bus_id))
         except nvml.NvmlError as err:
-            raise ApplyError(f"reading the GPUs failed: {err}") from None
+            raise ApplyError(f"reading the GPUs failed: {err}", err.code) from None
         finally:
             with contextlib.suppress(nvml.NvmlError):
                 lib.shutdown()
@@ -145,7 +151,7 @@ class Gpus:
             try:
                 self.host.reset_gpus(resets)
             except host_mod.HostError as err:
-                raise ModeChangeFailed(str(err)) from None
+                raise ModeChangeFailed(str(err), err.code) from None
 
 
 def _mig_mode(device: nvml.Device) -> nvml.MigMode | None:
@@ -331,7 +337,8 @@ def _destroy(device: nvml.Device, index: int, instances: layout.Layout) -> None:
         except nvml.NvmlError as err:
             raise ApplyError(
                 f"GPU {index}: destroying the {gi.profile.name} instance at "
-                f"{_where(gi.placement)} failed: {err}"
+                f"{_where(gi.placement)} failed: {err}",
+                err.code,
             ) from None
 
 
@@ -341,7 +348,8 @@ def _create(device: nvml.Device, index: int, instances: Sequence[layout.GpuInsta
             handle = device.create_gpu_instance(gi.profile.profile_id, gi.placement)
         except nvml.NvmlError as err:
             raise ApplyError(
-                f"GPU {index}: creating {gi.profile.name} at {_where(gi.placement)} failed: {err}"
+                f"GPU {index}: creating {gi.profile.name} at {_where(gi.placement)} failed: {err}",
+                err.code,
             ) from None
         taken: list[Placement] = []
         for ci in gi.compute:
@@ -354,7 +362,8 @@ def _create(device: nvml.Device, index: int, instances: Sequence[layout.GpuInsta
             except nvml.NvmlError as err:
                 raise ApplyError(
                     f"GPU {index}: creating a {ci.slices}-slice compute instance in "
-                    f"{gi.profile.name} failed: {err}"
+                    f"{gi.profile.name} failed: {err}",
+                    err.code,
                 ) from None
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gpu_operator import nvml
+from gpu_operator.nvml import errors as nvml_errors
 
 if TYPE_CHECKING:
     from gpu_operator.nvml import mock
@@ -26,7 +27,12 @@ log = logging.getLogger("gpu_operator.agents.mig_manager")
 
 
 class HostError(RuntimeError):
-    """A host action failed; the message says which and why."""
+    """A host action failed; the message says which and why, `code` the NVML return code it
+    amounts to when known (a GPU in use)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,14 @@ class NodeHost:
         if shutil.which(self.nvidia_smi) is None:
             raise HostError(f"GPU reset needs {self.nvidia_smi}, which is not installed here")
         ids = ",".join(g.bus_id for g in gpus)
-        self._run([self.nvidia_smi, "--gpu-reset", "-i", ids], f"resetting GPU(s) {ids}")
+        try:
+            self._run([self.nvidia_smi, "--gpu-reset", "-i", ids], f"resetting GPU(s) {ids}")
+        except HostError as err:
+            # nvidia-smi's words for a GPU a process still holds ("In use by another client",
+            # "... being used by one or more other processes"): busy, which may pass.
+            text = str(err).lower()
+            busy = "in use" in text or "being used" in text
+            raise HostError(str(err), nvml_errors.ERROR_IN_USE if busy else None) from None
 
     def reboot(self) -> None:
         """Reboot the node; this process ends with it, so returning means the reboot failed."""
@@ -125,7 +138,9 @@ class MockHost:
             try:
                 self.machine.reset(gpu.index)
             except nvml.NvmlError as err:
-                raise HostError(f"resetting GPU {gpu.index} ({gpu.bus_id}) failed: {err}") from None
+                raise HostError(
+                    f"resetting GPU {gpu.index} ({gpu.bus_id}) failed: {err}", err.code
+                ) from None
 
     def reboot(self) -> None:
         self.reboots += 1

@@ -62,8 +62,12 @@ def desired_state(
     """Per GPU index, the last entry of config `name` that covers it (GPUs none covers: absent).
 
     As in mig-parted, an entry for `devices: all` (or one disabling MIG) skips GPUs that are not
-    MIG capable, while naming such a GPU explicitly to enable MIG on it is an error.
+    MIG capable, while naming such a GPU explicitly to enable MIG on it is an error. Unlike
+    mig-parted, which skips them silently, an index the node does not have is an error too: the
+    config was written for other hardware, and applying the rest would report success for a
+    layout the admin did not ask for.
     """
+    _check_indices(name, entries, gpus)
     out: dict[int, Desired] = {}
     for entry in entries:
         for gpu in gpus:
@@ -79,6 +83,27 @@ def desired_state(
                 )
             out[gpu.index] = Desired(entry.mig_enabled, entry.wanted, entry.index)
     return out
+
+
+def _check_indices(name: str, entries: Sequence[cfg.Entry], gpus: Sequence[GpuState]) -> None:
+    present = {gpu.index for gpu in gpus}
+    for entry in entries:
+        if entry.devices == cfg.ALL:
+            continue
+        missing = sorted({i for i in entry.devices if i not in present})
+        if not missing:
+            continue
+        label = "GPU index" if len(missing) == 1 else "GPU indices"
+        verb = "does" if len(missing) == 1 else "do"
+        shown = ", ".join(map(str, missing))
+        if not gpus:
+            has = "this node has no GPUs"
+        else:
+            count = f"{len(gpus)} GPU" + ("s" if len(gpus) > 1 else "")
+            has = f"this node has {count} (indices {_ranges(sorted(present))})"
+        raise PlanError(
+            f"mig-configs.{name}[{entry.index}].devices: {label} {shown} {verb} not exist: {has}"
+        )
 
 
 @dataclass(frozen=True)

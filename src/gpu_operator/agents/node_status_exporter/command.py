@@ -12,9 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-
-from gpu_operator import nvml
+from gpu_operator import http_endpoint, nvml
 from gpu_operator.agents import mock_backend
 from gpu_operator.agents.node_status_exporter import runner
 
@@ -94,15 +92,17 @@ async def serve(exporter: runner.Exporter, port: int, stop: asyncio.Event) -> No
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
-    app_runner = web.AppRunner(exporter.application(), access_log=None)
+    listener: http_endpoint.Endpoint | None = None
     try:
         task = asyncio.create_task(exporter.run(stop))
-        await app_runner.setup()
-        await web.TCPSite(app_runner, "0.0.0.0", port).start()
+        listener = await http_endpoint.start(
+            exporter.routes(), "0.0.0.0", port, what="node status exporter"
+        )
         log.info("serving node status metrics on :%d/metrics", port)
         await task
     finally:
-        await app_runner.cleanup()
+        if listener is not None:
+            await listener.aclose()
         for sig in handled:
             loop.remove_signal_handler(sig)
 

@@ -15,9 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-
-from gpu_operator import nvml
+from gpu_operator import http_endpoint, nvml
 from gpu_operator.agents.node_status_exporter import metrics
 
 log = logging.getLogger("gpu_operator.agents.node_status_exporter")
@@ -145,15 +143,13 @@ class Exporter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)
 
-    def application(self) -> web.Application:
-        async def metrics_handler(_: web.Request) -> web.Response:
-            body = metrics.render(self.status)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    def routes(self) -> http_endpoint.Respond:
+        """`/metrics` (the current status) and `/health`, for `gpu_operator.http_endpoint`."""
 
-        async def health(_: web.Request) -> web.Response:
-            return web.Response(text="OK")
+        def metrics_answer() -> http_endpoint.Answer:
+            return 200, CONTENT_TYPE, metrics.render(self.status)
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics_handler)
-        app.router.add_get("/health", health)
-        return app
+        def health() -> http_endpoint.Answer:
+            return 200, http_endpoint.TEXT, b"OK"
+
+        return http_endpoint.routes({"/metrics": metrics_answer, "/health": health})

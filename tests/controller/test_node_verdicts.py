@@ -1,0 +1,167 @@
+"""The ClusterPolicy status's worst node: each node's chain verdict is walked again only when
+that node, its pods or the policy's view changed (issue 32: walking every node on every status
+pass made the operator's CPU grow with nodes x passes), and the answer is the one a full walk
+gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_operator.api import keys
+from gpu_operator.controller import node_verdicts, strip
+from gpu_operator.controller.node_verdicts import NodeVerdicts
+from gpu_operator.operands.readiness import PodSummary
+from gpu_operator.status import explain
+
+VIEW = explain.PolicyView()
+APPS = (
+    explain.DRIVER_APP,
+    explain.TOOLKIT_APP,
+    explain.PLUGIN_APP,
+    explain.VALIDATOR_APP,
+)
+
+
+# Labelled by the operator: a node with its operand pods running holds every link.
+DEPLOYED = {
+    f"{keys.DEPLOY_PREFIX}{operand}": "true"
+    for operand in (
+        "driver", "container-toolkit", "device-plugin", "operator-validator",
+        "gpu-feature-discovery", "dcgm-exporter", "node-status-exporter", "mig-manager",
+    )
+}  # fmt: skip
+
+
+def gpu_node(name: str, **labels: str) -> dict[str, Any]:
+    """A labelled GPU node as the operator's node cache holds it (strip.node)."""
+    return strip.node({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": {
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            keys.GPU_PRESENT: "true",
+            keys.GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
+            **DEPLOYED,
+            **labels,
+        }},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"}},
+    })  # fmt: skip
+
+
+def pod(node: str, app: str, problem: str | None = None) -> PodSummary:
+    return PodSummary(
+        name=f"{app}-{node}", node=node, owner_uids=(f"ds-{app}",), revision_hash="1",
+        problem=(1, problem) if problem else None, app=app,
+    )  # fmt: skip
+
+
+def fleet(size: int) -> tuple[dict[str, dict[str, Any]], dict[str, PodSummary]]:
+    nodes = {f"gpu-{i}": gpu_node(f"gpu-{i}") for i in range(size)}
+    pods = {f"{app}-{n}": pod(n, app) for n in nodes for app in APPS}
+    return nodes, pods
+
+
+def full_walk(
+    nodes: dict[str, dict[str, Any]], pods: dict[str, PodSummary], view: explain.PolicyView
+) -> list[explain.Verdict]:
+    """What a walk over every node gives (the status before the memo)."""
+    verdicts = []
+    for node in nodes.values():
+        if (node["metadata"]["labels"] or {}).get(keys.GPU_PRESENT) != "true":
+            continue
+        name = node["metadata"]["name"]
+        on_node = [p for p in pods.values() if p.node == name]
+        verdicts.append(explain.explain(node_verdicts.node_facts(node, on_node, view)))
+    return verdicts
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The nodes the chain is walked for, in order."""
+    seen: list[str] = []
+    real = explain.explain
+
+    def counting(facts: explain.NodeFacts) -> explain.Verdict:
+        seen.append(facts.name)
+        return real(facts)
+
+    monkeypatch.setattr(explain, "explain", counting)
+    return seen
+
+
+def test_a_status_pass_over_unchanged_nodes_walks_no_chain(walks: list[str]) -> None:
+    nodes, pods = fleet(50)
+    memo = NodeVerdicts()
+    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    assert len(walks) == 50
+    walks.clear()
+    for _ in range(3):
+        memo.verdicts(nodes.values(), pods.values(), VIEW)
+    assert walks == []
+
+
+def test_only_the_node_that_changed_or_whose_pods_changed_is_walked_again(
+    walks: list[str],
+) -> None:
+    nodes, pods = fleet(20)
+    memo = NodeVerdicts()
+    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    walks.clear()
+    # The node cache replaces a changed node with a new object.
+    nodes["gpu-3"] = gpu_node("gpu-3", **{keys.DEPLOY_DRIVER: "false"})
+    # A pod summary changed on another node.
+    key = f"{explain.PLUGIN_APP}-gpu-7"
+    pods[key] = pod("gpu-7", explain.PLUGIN_APP, "container nvidia-device-plugin: CrashLoopBackOff")
+    # A pod gone from a third.
+    del pods[f"{explain.TOOLKIT_APP}-gpu-11"]
+    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    assert sorted(walks) == ["gpu-11", "gpu-3", "gpu-7"]
+
+
+def test_a_new_policy_view_walks_every_node_again(walks: list[str]) -> None:
+    nodes, pods = fleet(10)
+    memo = NodeVerdicts()
+    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    walks.clear()
+    memo.verdicts(nodes.values(), pods.values(), explain.PolicyView(driver=False))
+    assert len(walks) == 10
+
+
+def test_the_memo_answers_what_a_full_walk_answers_as_the_fleet_changes() -> None:
+    nodes, pods = fleet(12)
+    memo = NodeVerdicts()
+    steps = [
+        lambda: pods.update({f"{explain.DRIVER_APP}-gpu-2": pod(
+            "gpu-2", explain.DRIVER_APP, "container nvidia-driver-ctr: CrashLoopBackOff")}),
+        lambda: nodes.update({"gpu-5": gpu_node(
+            "gpu-5", **{keys.UPGRADE_STATE: "drain-required"})}),
+        lambda: pods.pop(f"{explain.VALIDATOR_APP}-gpu-9"),
+        lambda: nodes.pop("gpu-2"),
+        lambda: nodes.update({"gpu-5": gpu_node("gpu-5")}),
+    ]  # fmt: skip
+    worst_seen = []
+    for step in [lambda: None, *steps]:
+        step()
+        got = memo.verdicts(nodes.values(), pods.values(), VIEW)
+        assert got == full_walk(nodes, pods, VIEW)
+        worst = memo.worst(nodes.values(), pods.values(), VIEW)
+        assert worst == explain.worst(got)
+        worst_seen.append(worst.node if worst is not None else None)
+    # Healthy; then the crashing driver, which stays the worst while gpu-5 upgrades and gpu-9
+    # loses its validator (the driver link comes first in the chain); with gpu-2 gone, gpu-9's
+    # validator comes before gpu-5's upgrade, and gpu-9 stays once gpu-5 is done.
+    assert worst_seen == [None, "gpu-2", "gpu-2", "gpu-2", "gpu-9", "gpu-9"]
+
+
+def test_nodes_that_are_gone_or_no_gpu_nodes_are_forgotten() -> None:
+    nodes, pods = fleet(5)
+    memo = NodeVerdicts()
+    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    del nodes["gpu-1"]
+    nodes["gpu-2"] = strip.node({"metadata": {"name": "gpu-2", "labels": {}}})
+    assert [v.node for v in memo.verdicts(nodes.values(), pods.values(), VIEW)] == [
+        "gpu-0", "gpu-3", "gpu-4",
+    ]  # fmt: skip
+    assert sorted(memo._memo) == ["gpu-0", "gpu-3", "gpu-4"]
