@@ -32,8 +32,13 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PATH=/opt/gpu-operator/bin:$PATH
+# The digest of the sources (scripts/build-image passes it): podman/buildah keys a cached RUN on its
+# text and the stage's build arguments, not on what it mounts from the build stage, so without it
+# a source change would reuse this layer with the old code in it.
+ARG SOURCE_DIGEST=unset
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m venv /opt/gpu-operator \
+    echo "gpu-operator sources $SOURCE_DIGEST" \
+    && python -m venv /opt/gpu-operator \
     && /opt/gpu-operator/bin/pip install --no-index --find-links=/wheels --require-hashes \
         -r /wheels/requirements.lock \
     && /opt/gpu-operator/bin/pip install --no-index --no-deps --find-links=/wheels gpu-operator-py \

@@ -13,12 +13,16 @@ import argparse
 import asyncio
 import io
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 
 async def once(mode: str, fleet_name: str, chart: Path | None) -> tuple[float, float]:
@@ -52,10 +56,15 @@ async def main() -> None:
             ready, wall = await once(mode, args.fleet, args.chart)
             figures[mode].append((ready, wall))
             print(f"run {run + 1} {mode:10}  ready {ready:5.1f}s  wall {wall:5.1f}s", flush=True)
+    summary: dict[str, float] = {}
     for mode, values in figures.items():
         ready = statistics.median(v[0] for v in values)
         wall = statistics.median(v[1] for v in values)
         print(f"median {mode:10}  ready {ready:5.1f}s  wall {wall:5.1f}s")
+        key = mode.replace("-", "_")
+        summary[f"{key}_ready_s"] = ready
+        summary[f"{key}_wall_s"] = wall
+    history.append("demo_install", summary, config={"fleet": args.fleet, "runs": args.runs})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Run: .venv/bin/python bench/device_plugin_bench.py [--allocations N] [--faults N
 Prints figures; asserts nothing. Allocate goes through a gRPC client on the plugin's unix socket
 (one GPU per call on a dgx-a100 mock). The XID figure runs the plugin against kubesim's kubelet
 (its device manager over real sockets) and times from `inject_xid` to the node's allocatable
-dropping in the store, which the device manager writes once ListAndWatch tells it. RSS is the
+dropping in the store, which the device manager writes once ListAndWatch tells it, then from
+`reset` to it rising again (on an R570 driver: see `RECOVERY_DRIVER`). RSS is the
 `gpu-operator agent device-plugin` process serving a dgx-a100 mock, read from /proc.
 """
 
@@ -36,8 +37,13 @@ from gpu_operator.nvml import mock
 from kubeletapi.deviceplugin.v1beta1 import api_pb2 as pb
 from kubeletapi.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "nvidia.com/gpu"
+# A driver with NVML's GPU recovery-action field (R565+), for the XID/reset rounds.
+RECOVERY_DRIVER = "570.195.03"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -115,7 +121,11 @@ async def xid_to_kubelet(rounds: int) -> tuple[list[float], list[float]]:
             sim.add_node("gpu-1")
             await sim.start_device_manager("gpu-1")
             socket = sim.node_root("gpu-1") / "var/lib/kubelet/device-plugins/kubelet.sock"
-            machine = mock.MockMachine.from_preset("dgx-a100", seed=1)
+            # The plugin clears an XID only when the driver had asked for a reset and no longer
+            # does; that recovery-action field exists from R565 on, and dgx-a100 ships R550
+            # (where an XID 48 stays until the plugin restarts, as upstream), so the rounds run
+            # the same GPUs on an R570 driver.
+            machine = mock.MockMachine.from_preset("dgx-a100", seed=1, driver=RECOVERY_DRIVER)
             manager = dp_manager.Manager(_settings(base / "plugin", socket), machine.nvml)
             async with running(manager):
 
@@ -215,6 +225,16 @@ def main() -> None:
         print("agent RSS: the agent did not start (see `gpu-operator agent device-plugin`)")
     else:
         print(f"agent RSS serving 8 GPUs: {rss:.1f} MiB")
+    figures = {
+        "allocate_p50_ms": percentile(ms, 50),
+        "allocate_p99_ms": percentile(ms, 99),
+        "xid_to_unhealthy_median_ms": statistics.median(d),
+        "reset_to_healthy_median_ms": statistics.median(r),
+    }
+    if rss is not None:
+        figures["agent_rss_mib"] = rss
+    config = {"allocations": args.allocations, "faults": args.faults, "driver": RECOVERY_DRIVER}
+    history.append("device_plugin", figures, config=config)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ from gpu_operator.nvml import mock
 from kubeletapi.podresources.v1 import api_pb2 as pr
 from kubeletapi.podresources.v1 import api_pb2_grpc as pr_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
+
 PODS = 30
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -180,8 +183,17 @@ async def run(args: argparse.Namespace) -> None:
         " models) is loaded here, a real-GPU exporter loads nvidia-ml-py instead"
     )
     print(f"  exporter CPU per scrape: {(cpu_after - cpu_before) / args.scrapes * 1000:.3f} ms")
-    print(f"  one collection (every interval, not per scrape): "
-          f"{collection_ms(args.machine, resource, ids):.2f} ms")  # fmt: skip
+    collection = collection_ms(args.machine, resource, ids)
+    print(f"  one collection (every interval, not per scrape): {collection:.2f} ms")
+    figures = {
+        "scrape_p50_ms": p50,
+        "scrape_p99_ms": p99,
+        "rss_mib": rss / 2**20,
+        "cpu_ms_per_scrape": (cpu_after - cpu_before) / args.scrapes * 1000,
+        "collection_ms": collection,
+    }
+    config = {"scrapes": args.scrapes, "machine": args.machine}
+    history.append("exporter", figures, config=config)
 
 
 def main() -> None:

@@ -32,6 +32,9 @@ from pathlib import Path
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -305,6 +308,14 @@ async def run(args: argparse.Namespace) -> None:
             f"exporter RSS: {mib(first['VmRSS'])} before the first flood, {mib(last['VmRSS'])} "
             f"after the last; peak (VmHWM) {mib(peak)}"
         )
+        figures = {
+            "rss_before_mib": first["VmRSS"] / 2**20,
+            "rss_after_mib": last["VmRSS"] / 2**20,
+            "rss_peak_mib": peak / 2**20,
+        }
+        config = {"connections": args.connections, "rounds": args.rounds,
+                  "flood_seconds": args.flood_seconds}  # fmt: skip
+        history.append("exporter_flood", figures, config=config)
 
 
 def main() -> None:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpu_operator.agents import plugin_config as pc
 from gpu_operator.agents.gfd import facts as gfd_facts
 from gpu_operator.agents.gfd import labels as gfd_labels
 from gpu_operator.nvml import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 
 def median_ms(fn: Callable[[], object], rounds: int) -> float:
@@ -70,6 +75,8 @@ def main() -> None:
     print(f"oneshot pass (collect+label+render): {whole_ms:.3f} ms")
     print(f"baseline dict of {len(labels)} labels: {base_ms * 1000:.1f} us; "
           f"label computation = {pure_ms / base_ms:.0f}x baseline")  # fmt: skip
+    figures = {"labels_ms": pure_ms, "collect_ms": collect_ms, "oneshot_ms": whole_ms}
+    history.append("gfd", figures, config={"rounds": args.rounds})
 
 
 if __name__ == "__main__":

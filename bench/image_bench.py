@@ -32,6 +32,9 @@ sys.path.insert(0, str(ROOT / "src"))
 import image_smoke  # noqa: E402
 from image_smoke import AGENT_USER, MACHINE, SHARED, Rootfs  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # noqa: E402  (bench/history.py, next to this script: runs append figures)
+
 MIB = 1024 * 1024
 
 
@@ -155,15 +158,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     fs = Rootfs.open(args.rootfs)
 
     print("image")
+    figures: dict[str, float] = {}
     size = podman_size(args.image)
     if size is not None:
         print(f"  {args.image} (podman, uncompressed): {size / MIB:7.1f} MiB")
+        figures["image_mib"] = size / MIB
         base = base_of(args.image)
         base_size = podman_size(base) if base else None
         if base and base_size:
             print(f"  of which the base {base}: {base_size / MIB:7.1f} MiB")
-    print(f"  unpacked root filesystem: {du(args.rootfs) / MIB:7.1f} MiB")
-    venv = du(args.rootfs / "opt/gpu-operator") / MIB
+    figures["rootfs_mib"] = du(args.rootfs) / MIB
+    print(f"  unpacked root filesystem: {figures['rootfs_mib']:7.1f} MiB")
+    venv = figures["venv_mib"] = du(args.rootfs / "opt/gpu-operator") / MIB
     print(f"  /opt/gpu-operator (venv, deps, agents): {venv:7.1f} MiB")
 
     print(f"start time (median of {args.runs}, in the unpacked image)")
@@ -186,13 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if done.returncode != 0:
                 raise RuntimeError(f"{command}: {done.stderr[-300:]}")
 
-        print(f"  {label:52} {median_seconds(once, args.runs) * 1000:6.0f} ms")
+        took = figures[f"start_ms {label}"] = median_seconds(once, args.runs) * 1000
+        print(f"  {label:52} {took:6.0f} ms")
     for label, measure in (
         ("nvidia-device-plugin: start -> registered", device_plugin),
         ("dcgm-exporter: start -> first /metrics", exporter),
     ):
         ready, rss = measure(fs)
         print(f"  {label:52} {ready * 1000:6.0f} ms  RSS {rss:5.1f} MiB")
+        figures[f"ready_ms {label}"] = ready * 1000
+        figures[f"rss_mib {label}"] = rss
+    history.append("image", figures, config={"image": args.image, "runs": args.runs})
     return 0
 
 

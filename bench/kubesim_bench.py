@@ -21,6 +21,9 @@ from typing import Any
 import aiohttp
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
+
 NODES = 5_000
 REQUESTS = 4_000
 CONCURRENCY = 8
@@ -259,6 +262,20 @@ async def main() -> None:
         )
     print(f"memory per node:        {total:8.0f} B traced, {overhead:.0f} B beyond its JSON size")
     print(f"cpu count: {os.cpu_count()}")
+    figures = {
+        "get_node_per_s": get_rate,
+        "patch_node_per_s": patch_rate,
+        "list_nodes_best_ms": min(timings),
+        "watch_fanout_median_ms": fanout[len(fanout) // 2],
+        "apply_list_create_ms": big_create,
+        "apply_list_unchanged_ms": big_again,
+        "bytes_per_node": total,
+    }
+    for mode in ("open", "rbac"):
+        figures[f"https_{mode}_get_per_s"] = secured[mode][0]
+        figures[f"https_{mode}_patch_per_s"] = secured[mode][1]
+    throughputs = [name for name in figures if name.endswith("_per_s")]
+    history.append("kubesim", figures, config={"nodes": NODES}, higher_is_better=throughputs)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import kubesim
 from kubesim import KubeletConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 
 def pod(name: str, gpus: int = 0, cpu: str = "500m") -> dict[str, Any]:
@@ -54,6 +59,7 @@ async def main(nodes: int, pods: int) -> None:
             sim.store.create(pod(f"p-{index}", gpus=1 if index % 2 else 0))
         await sim.settle(timeout=600)
         elapsed = time.perf_counter() - began
+        per_pod = elapsed / pods
         bound = sum(1 for p in sim.store.list("pods", "default") if p["spec"].get("nodeName"))
         print(
             f"pods: {bound}/{pods} bound and running in {elapsed:.2f}s "
@@ -68,6 +74,12 @@ async def main(nodes: int, pods: int) -> None:
         elapsed = time.perf_counter() - began
         assert ("default", "impossible") in getattr(scheduler, "unschedulable", set())
         print(f"one attempt rejected by all {nodes} nodes: {elapsed * 1000:.1f} ms")
+        figures = {
+            "ms_per_pod": per_pod * 1000,
+            "writes_per_pod": writes / pods,
+            "rejected_by_all_ms": elapsed * 1000,
+        }
+        history.append("kubesim_scheduler", figures, config={"nodes": nodes, "pods": pods})
 
 
 if __name__ == "__main__":

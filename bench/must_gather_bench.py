@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import sys
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import kubesim
@@ -21,6 +23,9 @@ from gpu_operator.api import crds, keys
 from gpu_operator.kube import client as kube_client
 from gpu_operator.kube import must_gather
 from kubesim.controllers.kubelet import KubeletConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 NAMESPACE = "gpu-operator"
 APPS = ("nvidia-driver-daemonset", "nvidia-container-toolkit-daemonset",
@@ -90,7 +95,7 @@ def serve_process(nodes: int, lines: int, latency: float, conn: Connection) -> N
     asyncio.run(serve(nodes, lines, latency, conn))
 
 
-async def measure(kubeconfig: str, conn: Connection, nodes: int, parallel: int) -> None:
+async def measure(kubeconfig: str, conn: Connection, nodes: int, parallel: int) -> dict[str, float]:
     client = kube_client.connect(kubeconfig, timeout=120)
     conn.send("stats")
     before = conn.recv()
@@ -110,6 +115,11 @@ async def measure(kubeconfig: str, conn: Connection, nodes: int, parallel: int) 
         f"left out: {len(archive.left_out)}",
         flush=True,
     )
+    return {
+        f"parallel_{parallel}_s": elapsed,
+        f"parallel_{parallel}_requests": float(sum(counts.values())),
+        f"parallel_{parallel}_compressed_mb": len(data) / 1e6,
+    }
 
 
 def main() -> None:
@@ -133,8 +143,11 @@ def main() -> None:
             f"(cluster up in {time.monotonic() - start:.0f} s)",
             flush=True,
         )
+        figures: dict[str, float] = {}
         for parallel in (int(p) for p in args.parallel.split(",")):
-            asyncio.run(measure(kubeconfig, ours, args.nodes, parallel))
+            figures.update(asyncio.run(measure(kubeconfig, ours, args.nodes, parallel)))
+        config = {"nodes": args.nodes, "lines": args.lines, "log_latency": args.log_latency}
+        history.append("must_gather", figures, config=config)
     finally:
         ours.send("stop")
         server.join(30)

@@ -41,6 +41,7 @@ from kubesim.controllers.kubelet import KubeletConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import history  # bench/history.py, next to this script
+from sampler import Sampler  # bench/sampler.py
 
 NAMESPACE = "gpu-operator"
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,11 +146,26 @@ async def loop_stalls(samples: list[float], period: float = 0.01) -> None:
         samples.append(loop.time() - before - period)
 
 
+async def progress(sim: kubesim.Cluster, pid: int, log: Any, period: float = 15.0) -> None:
+    """Log where a long convergence stands every `period` seconds: pods, CPU used by both
+    processes, the operator's RSS (a 20,000-node run takes minutes on a busy machine)."""
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(period)
+        log(
+            f"  ... {time.monotonic() - started:.0f}s: {sim.store.count('pods')} pods, "
+            f"CPU kubesim {cpu_seconds():.0f}s / operator {cpu_seconds(pid):.0f}s, "
+            f"operator RSS peak {peak_rss_mb(pid):.0f} MB, state {state(sim)}"
+        )
+
+
 async def join(sim: kubesim.Cluster, name: str) -> float:
-    """Seconds from a GPU node registering to the operator labelling it."""
+    """Seconds from a GPU node registering to the operator labelling it (a deadline for a
+    broken run, not a goal: at 20,000 nodes on a busy machine a join during the rollout waits
+    behind its events)."""
     started = time.monotonic()
     sim.add_node(name, labels=dict(GPU_LABELS))
-    await sim.wait_for(lambda: labelled(sim, name), 60, f"{name} labelled")
+    await sim.wait_for(lambda: labelled(sim, name), 600, f"{name} labelled")
     return time.monotonic() - started
 
 
@@ -185,6 +201,7 @@ async def run_size(
     *,
     tune_gc: bool = True,
     profile: Path | None = None,
+    sample: Path | None = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"nodes": nodes, "events": events}
     reset_peak_rss()
@@ -204,17 +221,35 @@ async def run_size(
             gc.freeze()  # the nodes live as long as the run: no collector passes over them
             freezer = asyncio.get_running_loop().create_task(freeze_survivors())
         operator = start_operator(sim, profile)
+        sampler = Sampler() if sample is not None else None
         try:
-            # Let the operator list and open its watches before the clock starts.
+            # Let the operator list, open its watches and finish its start-up work (it labels
+            # the fleet's nodes before any ClusterPolicy exists: at 20,000 nodes that took a
+            # minute, and the ClusterPolicy's first pass queued behind it) before the clock
+            # starts; that start-up is a figure of its own.
+            launched = time.monotonic()
             await sim.wait_for(lambda: sim.stats.count("watch", "nodes") > 0, 600, "operator up")
             await asyncio.sleep(1.0)
+            startup = sim.stats.snapshot()
+            await operator_quiet(operator.pid)
+            result["startup_s"] = time.monotonic() - launched
+            result["startup_cpu_s"] = cpu_seconds(operator.pid)
+            result["startup_requests"] = sim.stats.since(startup)
+            log(
+                f"  operator started and quiet in {result['startup_s']:.1f}s "
+                f"({result['startup_cpu_s']:.1f}s operator CPU, RSS peak "
+                f"{peak_rss_mb(operator.pid):.0f} MB): {grouped(result['startup_requests'])}"
+            )
             before = sim.stats.snapshot()
             stalls: list[float] = []
             monitor = asyncio.get_running_loop().create_task(loop_stalls(stalls))
             cpu_before = cpu_seconds()
             operator_cpu_before = cpu_seconds(operator.pid)
             started = time.monotonic()
+            if sampler is not None:
+                sampler.start()
             sim.store.create(POLICY)
+            reporter = asyncio.get_running_loop().create_task(progress(sim, operator.pid, log))
 
             # Joins while the operand DaemonSets roll out: from the first few hundred pods on.
             first_pods = min(300, nodes // 4)
@@ -229,6 +264,10 @@ async def run_size(
 
             await sim.wait_for(lambda: state(sim) == "ready", 3600, "ClusterPolicy ready")
             result["converge_s"] = time.monotonic() - started
+            reporter.cancel()
+            if sampler is not None and sample is not None:
+                sampler.stop()
+                sample.write_text(sampler.report(40, root=f"{ROOT}/") + "\n")
             monitor.cancel()
             stalls.sort()
             result["stall_ms"] = (
@@ -292,6 +331,10 @@ async def run_size(
             result["rss_mb"] = peak_rss_mb(operator.pid)
             result["kubesim_rss_mb"] = peak_rss_mb(os.getpid())
         finally:
+            if sampler is not None:
+                sampler.stop()  # idempotent; its timer signal would kill an unwinding run
+                if sample is not None and not sample.exists():
+                    sample.write_text(sampler.report(40, root=f"{ROOT}/") + "\n(run failed)\n")
             operator.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 operator.wait(60 if profile is not None else 10)
@@ -322,6 +365,8 @@ def summarize(result: dict[str, Any]) -> list[str]:
 
     return [
         f"| nodes (events {'on' if result['events'] else 'off'}) | {nodes} |",
+        f"| operator start -> quiet, before any ClusterPolicy | {result['startup_s']:.1f} s "
+        f"({result['startup_cpu_s']:.1f} s operator CPU) |",
         f"| ClusterPolicy created -> all states ready | {result['converge_s']:.1f} s "
         f"({result['converge_cpu_s']:.1f} s kubesim CPU, {result['operator_cpu_s']:.1f} s "
         f"operator CPU, {result['pods']} pods) |",
@@ -361,6 +406,9 @@ def figures(result: dict[str, Any], steady: float) -> dict[str, float]:
         # CPU seconds are the robust figure on a shared machine (wall time varies with load).
         "operator_cpu_s": result["operator_cpu_s"],
         "operator_quiet_cpu_s": result["operator_quiet_cpu_s"],
+        "kubesim_cpu_s": result["converge_cpu_s"],
+        "startup_s": result["startup_s"],
+        "startup_cpu_s": result["startup_cpu_s"],
         "steady_requests_per_min": rate(lambda v, r: True),
         "steady_lease_puts_per_min": rate(lambda v, r: v == "update" and r == LEASE_RESOURCE),
         "steady_reads_per_min": rate(lambda v, r: v in ("get", "list")),
@@ -391,6 +439,13 @@ def main() -> int:
         help="run the operator under cProfile and write its statistics to FILE "
         "(FILE.<nodes> with several sizes); read with `python -m pstats FILE`",
     )
+    parser.add_argument(
+        "--sample-kubesim",
+        type=Path,
+        metavar="FILE",
+        help="sample this process (kubesim: API server and controllers) from ClusterPolicy to "
+        "ready and write its top functions to FILE (FILE.<nodes> with several sizes)",
+    )
     args = parser.parse_args()
     if not args.default_gc:
         # With the default thresholds the cyclic collector takes about half of the simulator's
@@ -407,6 +462,9 @@ def main() -> int:
         profile = args.profile
         if profile is not None and len(args.nodes) > 1:
             profile = profile.with_name(f"{profile.name}.{nodes}")
+        sample = args.sample_kubesim
+        if sample is not None and len(args.nodes) > 1:
+            sample = sample.with_name(f"{sample.name}.{nodes}")
         result = asyncio.run(
             run_size(
                 nodes,
@@ -416,6 +474,7 @@ def main() -> int:
                 log,
                 tune_gc=tune_gc,
                 profile=profile,
+                sample=sample,
             )
         )
         rows.extend(summarize(result))

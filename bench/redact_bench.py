@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from gpu_operator.kube import redact
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 DIGEST = "sha256:" + "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 LINES = (
@@ -94,12 +99,17 @@ def main() -> None:
     print(f"{'input':30} {args.mb:>5g} MB s/MB {2 * args.mb:>5g} MB s/MB")
     inputs = {"realistic log": realistic(2 * size)}
     inputs.update({name: unit * (2 * size // len(unit) + 1) for name, unit in ADVERSARIAL.items()})
+    figures: dict[str, float] = {}
     for name, text in inputs.items():
-        print(f"{name:30} {per_mb(text[:size]):13.2f} {per_mb(text[: 2 * size]):13.2f}")
+        small, large = per_mb(text[:size]), per_mb(text[: 2 * size])
+        print(f"{name:30} {small:13.2f} {large:13.2f}")
+        figures[f"s_per_mb {name}"] = large
     pods = [pod(i) for i in range(args.pods)]
     start = time.perf_counter()
     redact.redact_value(pods)
-    print(f"{args.pods} pods (redact_value): {time.perf_counter() - start:.2f} s")
+    figures["pods_s"] = time.perf_counter() - start
+    print(f"{args.pods} pods (redact_value): {figures['pods_s']:.2f} s")
+    history.append("redact", figures, config={"mb": args.mb, "pods": args.pods})
 
 
 if __name__ == "__main__":

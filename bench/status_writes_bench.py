@@ -24,6 +24,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from operator_scale import (
@@ -39,6 +40,9 @@ import kubesim
 from gpu_operator.api import crds
 from kubesim.controllers.kubelet import KubeletConfig
 from kubesim.store import Event
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 POLICIES = "clusterpolicies.nvidia.com"
 STATUS_PATCH = ("patch", "clusterpolicies.nvidia.com/status")
@@ -178,6 +182,16 @@ def main() -> int:
         if not result["final_ready"]:
             log("  the ClusterPolicy's last status is not ready: the last status was lost")
             return 1
+        history.append(
+            "status_writes",
+            {
+                "status_patches": result["status_patches"],
+                "hottest_writes": result["hottest_writes"],
+                "seconds": result["seconds"],
+                "ready_after_last_edit_s": result["ready_after_last_edit_s"],
+            },
+            config={"nodes": args.nodes, "edits": args.edits, "interval": interval},
+        )
         rows.append(
             f"| {interval:g} s | {result['status_patches']} | {result['hottest']} "
             f"({result['hottest_writes']}) | {result['seconds']:.1f} s "

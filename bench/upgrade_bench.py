@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import kubesim
-from gpu_operator import render as render_mod
-from gpu_operator import upgrade_plan
 from gpu_operator.api import crds
+from gpu_operator.cli import render as render_mod
+from gpu_operator.cli import upgrade_plan
 from gpu_operator.controller import runtime
 from gpu_operator.controller import upgrade as upgrade_controller
 from gpu_operator.kube import client as kube_client
@@ -40,6 +43,9 @@ from gpu_operator.nodes import ledger
 from gpu_operator.upgrade import simulate, states
 from kubesim import PodContext
 from kubesim.controllers.kubelet import KubeletConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import history  # bench/history.py, next to this script: runs append their figures there
 
 NAMESPACE = "gpu-operator"
 TIMING = simulate.Timing(eviction=30.0, driver_start=300.0, validation=60.0)
@@ -71,6 +77,148 @@ def modelled(nodes: int, parallel: int) -> dict[str, Any]:
         "planner_cpu_s": cpu,
         "cpu_ms_per_pass": 1000 * cpu / outcome.steps,
     }
+
+
+# ----- where the time goes ---------------------------------------------------------------------
+
+# The milestones of one node's upgrade, in order, and the phase each one ends.
+PHASES = (
+    ("start", "slot hand-over (a slot freed -> the next node started)"),
+    ("cordoned", "cordon (started -> cordoned, state pod-deletion-required)"),
+    ("evicted", "eviction asked (cordoned -> GPU pod evicted)"),
+    ("gpu_gone", "GPU pod termination (kubelet)"),
+    ("restart_state", "pass: GPU pods gone -> pod-restart-required"),
+    ("driver_deleted", "pass: old driver pod deleted"),
+    ("driver_created", "DaemonSet controller: old pod gone -> new pod created"),
+    ("driver_running", "kubelet: new pod created -> containers running"),
+    ("driver_ready", "driver build and load (--driver-seconds, the ideal)"),
+    ("validation_state", "pass: driver ready -> validation-required"),
+    ("validator_ready", "validator on the new driver ready (after validation-required)"),
+    ("uncordon_state", "pass: validated -> uncordon-required"),
+    ("done", "pass: uncordoned -> upgrade-done"),
+)
+
+
+def _reached(marks: dict[str, float], milestone: str) -> float:
+    """When a milestone counts as reached: not before any milestone ahead of it."""
+    names = [name for name, _ in PHASES]
+    return max(marks[name] for name in names[: names.index(milestone) + 1])
+
+
+class Timeline:
+    """When each node reached each milestone of its upgrade, from the store's committed events
+    (a synchronous listener: no API requests, nothing the operator sees)."""
+
+    def __init__(self, store: Any) -> None:
+        self.marks: dict[str, dict[str, float]] = {}
+        self.origin = 0.0
+        self.recording = False
+        self.validator_restarts = 0
+        self._unsubscribe = store.subscribe(self._event, [("", "nodes"), ("", "pods")])
+
+    def begin(self) -> None:
+        self.origin = time.monotonic()
+        self.recording = True
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+    def _mark(self, node: str, milestone: str) -> None:
+        self.marks.setdefault(node, {}).setdefault(milestone, time.monotonic() - self.origin)
+
+    def _event(self, event: Any) -> None:
+        if not self.recording:
+            return
+        obj = event.new.obj
+        old = event.old.obj if event.old is not None else None
+        if event.key == ("", "nodes"):
+            state = (obj["metadata"].get("labels") or {}).get(states.STATE_LABEL)
+            before = ((old or {}).get("metadata", {}).get("labels") or {}).get(states.STATE_LABEL)
+            if state == before:
+                return
+            milestone = {
+                states.CORDON_REQUIRED: "start",
+                states.POD_DELETION_REQUIRED: "cordoned",
+                states.POD_RESTART_REQUIRED: "restart_state",
+                states.VALIDATION_REQUIRED: "validation_state",
+                states.UNCORDON_REQUIRED: "uncordon_state",
+                states.UPGRADE_DONE: "done",
+            }.get(state or "")
+            if milestone is not None:
+                node = obj["metadata"]["name"]
+                if milestone == "restart_state":
+                    self._mark(node, "start")  # a restart-only upgrade starts here
+                self._mark(node, milestone)
+            return
+        node = (obj.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        labels = obj["metadata"].get("labels") or {}
+        app = labels.get("app")
+        meta = obj["metadata"]
+        deleting = event.type == "DELETED" or bool(meta.get("deletionTimestamp"))
+        was_deleting = old is not None and bool(old["metadata"].get("deletionTimestamp"))
+        if app == "train":
+            if deleting and not was_deleting:
+                self._mark(node, "evicted")
+            if event.type == "DELETED":
+                self._mark(node, "gpu_gone")
+        elif app == states.DRIVER_APP:
+            if event.type == "ADDED":
+                self._mark(node, "driver_created")
+            elif deleting and not was_deleting:
+                self._mark(node, "driver_deleted")
+            elif not deleting and "driver_created" in self.marks.get(node, {}):
+                status = obj.get("status") or {}
+                if status.get("phase") == "Running":
+                    self._mark(node, "driver_running")
+                ready = any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in status.get("conditions") or ()
+                )
+                if ready:
+                    self._mark(node, "driver_ready")
+        elif app == states.VALIDATOR_APP:
+            # Validator pods created after the old driver went check the new one.
+            if "driver_deleted" not in self.marks.get(node, {}):
+                return
+            if event.type == "ADDED":
+                self.validator_restarts += 1
+            if deleting:
+                return
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (obj.get("status") or {}).get("conditions") or ()
+            )
+            if ready:
+                self.marks[node]["validator_ready"] = time.monotonic() - self.origin
+
+    def breakdown(self, batches: int) -> list[dict[str, Any]]:
+        """Each phase's mean seconds per node and its share of the wall time (the nodes of a
+        batch run their phases side by side, so a batch costs about the sum of the means)."""
+        complete = [m for m in self.marks.values() if all(k in m for k, _ in PHASES[1:])]
+        if not complete:
+            return []
+        dones = sorted(m["done"] for m in complete)
+        handovers = []
+        for marks in complete:
+            freed = [d for d in dones if d <= marks["start"]]
+            handovers.append(marks["start"] - (freed[-1] if freed else 0.0))
+        rows = [
+            {
+                "phase": PHASES[0][0],
+                "what": PHASES[0][1],
+                "mean_s": sum(handovers) / len(handovers),
+            }
+        ]
+        for (before, _), (name, what) in itertools.pairwise(PHASES):
+            # A milestone reached before the one ahead of it (a validator ready before the
+            # driver) costs nothing of its own: clamp to the one ahead.
+            spans = [max(0.0, m[name] - _reached(m, before)) for m in complete]
+            rows.append({"phase": name, "what": what, "mean_s": sum(spans) / len(spans)})
+        for row in rows:
+            row["per_rollout_s"] = row["mean_s"] * batches
+        return rows
 
 
 # ----- kubesim ----------------------------------------------------------------------------------
@@ -210,6 +358,7 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
         reconciler = upgrade_controller.UpgradeReconciler(rt)
         rt.register(reconciler)
         task = asyncio.create_task(rt.run())
+        timeline = Timeline(store)
 
         def all_done(image: str) -> bool:
             listed = store.list("nodes")
@@ -241,6 +390,7 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
             planning = reconciler.planning_seconds
             new = "nvcr.io/nvidia/driver:580.105.08-ubuntu22.04"
             started = time.monotonic()
+            timeline.begin()
             change = {"containers": [{"name": DRIVER_CTR, "image": new}]}
             patch = {"spec": {"template": {"spec": change}}}
             store.patch("daemonsets.apps", "nvidia-driver-daemonset", patch, NAMESPACE)
@@ -248,6 +398,7 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
             wall = time.monotonic() - started
             requests = sim.stats.since(before)
         finally:
+            timeline.close()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             await client.close()
@@ -276,6 +427,8 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
             * (reconciler.planning_seconds - planning)
             / max(1, reconciler.passes - passes),
             "stranded_cordons": len(stranded),
+            "breakdown": timeline.breakdown(math.ceil(nodes / parallel)),
+            "validator_pods_per_node": timeline.validator_restarts / nodes,
         }
 
 
@@ -291,6 +444,11 @@ def main() -> None:
     for parallel in args.parallel:
         row = modelled(args.nodes, parallel)
         results["modelled"].append(row)
+        history.append(
+            "upgrade_modelled",
+            {"ratio": row["ratio"], "cpu_ms_per_pass": row["cpu_ms_per_pass"]},
+            config={"nodes": args.nodes, "parallel": parallel},
+        )
         if not args.json:
             print(
                 f"modelled  N={args.nodes} maxParallelUpgrades={parallel:<3}: "
@@ -303,6 +461,17 @@ def main() -> None:
     for parallel in args.kubesim_parallel:
         row = asyncio.run(on_kubesim(args.nodes, parallel, args.driver_seconds))
         results["kubesim"].append(row)
+        figures = {
+            "wall_s": row["wall_s"],
+            "ratio": row["ratio"],
+            "requests_per_node": row["requests_per_node"],
+            "planner_passes": row["planner_passes"],
+            "planning_ms_per_pass": row["planning_ms_per_pass"],
+            "stranded_cordons": row["stranded_cordons"],
+        }
+        figures.update({f"phase_s {p['phase']}": p["mean_s"] for p in row["breakdown"]})
+        config = {"nodes": args.nodes, "parallel": parallel, "driver_seconds": args.driver_seconds}
+        history.append("upgrade_kubesim", figures, config=config)
         if not args.json:
             top = ", ".join(f"{k} {v}" for k, v in list(row["requests"].items())[:6])
             print(
@@ -314,6 +483,18 @@ def main() -> None:
                 f"(snapshot and plan); stranded cordons: {row['stranded_cordons']}",
                 flush=True,
             )
+            print(
+                f"  where the {row['wall_s']:.1f} s go (mean seconds per node; x "
+                f"{math.ceil(args.nodes / parallel)} batches; validator pods per node "
+                f"{row['validator_pods_per_node']:.2f}):",
+                flush=True,
+            )
+            for phase in row["breakdown"]:
+                print(
+                    f"    {phase['mean_s']:6.3f} s  {phase['per_rollout_s']:7.1f} s  "
+                    f"{phase['what']}",
+                    flush=True,
+                )
     if args.json:
         print(json.dumps(results, indent=2))
 

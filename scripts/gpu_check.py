@@ -15,7 +15,7 @@ nvidia-smi: GPU feature discovery's labels, the device plugin's devices and one 
 gRPC socket, an exporter scrape, the MIG manager's view of profiles and instances, the container
 toolkit's CDI spec, and discovery as a non-root user. It prints one table (check, result, detail),
 keeps every raw output in an artefact folder it names, and exits 1 when a row is FAIL. With
-`--mock PRESET` the mock backend and the simulated nvidia-smi (`gpu_operator.demo.nvidia_smi`)
+`--mock PRESET` the mock backend and the simulated nvidia-smi (`simhost.nvidia_smi`)
 stand in for the GPUs, so the whole script runs without one. docs/gpu-layer.md ("Checking on a
 real GPU") explains the rows and their tolerances.
 """
@@ -355,7 +355,7 @@ class Context:
         if not fresh and name in self.cache:
             return self.cache[name]
         if self.mock:
-            argv = [self.python, "-m", "gpu_operator.demo.nvidia_smi", *self.machine_options()]
+            argv = [self.python, "-m", "simhost.nvidia_smi", *self.machine_options()]
         else:
             argv = ["nvidia-smi"]
         out = self.run([*argv, *args], name, timeout)
@@ -1094,7 +1094,7 @@ def build_mock_host(ctx: Context) -> Path:
     """A simulated host root for --mock: the simulated driver's files, the device nodes the
     NVIDIA driver creates for the mock GPUs, and its MIG capability minors."""
     from gpu_operator.agents.device_plugin import facts
-    from gpu_operator.demo import driver as driver_demo
+    from simhost import driver as driver_demo
 
     root = ctx.out / "mock-host"
     lib = ctx.open_nvml()

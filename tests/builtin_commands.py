@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from gpu_operator import api, image_list, render
+from gpu_operator import api
+from gpu_operator.cli import image_list, render
 from gpu_operator.operands import builtin, registry
 
 ROOT = Path(__file__).resolve().parents[1]

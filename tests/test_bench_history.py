@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -112,3 +114,32 @@ def test_a_broken_line_is_named(tmp_path: Path) -> None:
     path.write_text('{"bench": "x", "figures": {}}\nnot json\n')
     with pytest.raises(ValueError, match=r"history.jsonl:2: not JSON"):
         history.read(path)
+
+
+# Modules next to the benches that are not benches themselves.
+NOT_BENCHES = {"history.py", "sampler.py"}
+
+
+def test_every_bench_script_records_its_figures() -> None:
+    scripts = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name not in NOT_BENCHES)
+    assert len(scripts) >= 15  # upgrade_bench, kubesim_bench, ... (a rename must not hide one)
+    silent = [
+        p.name
+        for p in scripts
+        if "import history" not in p.read_text() or "history.append(" not in p.read_text()
+    ]
+    assert silent == [], f"bench scripts that do not append to bench/history.jsonl: {silent}"
+
+
+def test_a_cheap_bench_appends_a_record_to_the_history_file(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    env = {**os.environ, "BENCH_HISTORY": str(path)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gfd_bench.py"), "--rounds", "3"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (record,) = history.read(path)
+    assert record["bench"] == "gfd"
+    assert record["config"] == {"rounds": 3}
+    assert set(record["figures"]) == {"labels_ms", "collect_ms", "oneshot_ms"}

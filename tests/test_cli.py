@@ -56,6 +56,8 @@ def test_crds_to_stdout_are_all_our_crds() -> None:
         "clusterpolicies.nvidia.com",
         "gpuclusters.nvidia.com",
         "nvidiadrivers.nvidia.com",
+        "computedomains.resource.nvidia.com",
+        "computedomaincliques.resource.nvidia.com",
     ]
 
 

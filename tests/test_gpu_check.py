@@ -178,7 +178,7 @@ def test_names_follow_gfd_and_the_device_plugin() -> None:
 
 
 def test_the_simulated_nvidia_smi_parses_like_a_real_one() -> None:
-    from gpu_operator.demo import nvidia_smi
+    from simhost import nvidia_smi
 
     machine = mock.MockMachine.from_preset("dgx-a100-mig-mixed", seed=1)
     lib = machine.nvml()

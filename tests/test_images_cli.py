@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpu_operator import image_list, render
 from gpu_operator.api import manifests
-from gpu_operator.cli import app
+from gpu_operator.cli import app, image_list, render
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -64,9 +63,15 @@ def test_every_example_lists_sorted_unique_images_rendered_objects_use(example: 
     assert image_list.OPERATOR_IMAGE in lines
     # Every image of every rendered object is listed: nothing is pulled that a mirror lacks.
     docs = manifests.read(str(example))
-    policy = next(d for d in docs if d.get("kind") == "ClusterPolicy")
-    checked = image_list._checked_policy(policy, example.name)
-    rendered = render.render(checked, render.parse_facts({}), None, render.config_map_keys(docs))
+    policy = next(d for d in docs if d.get("kind") in ("ClusterPolicy", "GPUCluster"))
+    if policy["kind"] == "GPUCluster":
+        cluster = image_list._checked_cluster(policy, example.name)
+        rendered = render.render_cluster(cluster, render.parse_facts({}))
+    else:
+        checked = image_list._checked_policy(policy, example.name)
+        keys = render.config_map_keys(docs)
+        rendered = render.render(checked, render.parse_facts({}), None, keys)
+    assert rendered.objects
     for obj in rendered.objects:
         for image, _ in image_list.object_images(obj):
             assert image in lines, f"{image} of {obj['metadata']['name']} missing"
@@ -199,3 +204,28 @@ def test_a_config_map_not_given_is_a_warning_and_every_image_is_listed(tmp_path:
     assert both.stdout == alone.stdout
     piped = runner.invoke(app, ["images", "-f", str(policy), "-f", "-"], input=METRICS_CM)
     assert (piped.exit_code, piped.stdout) == (0, alone.stdout)
+
+
+def test_chart_values_with_a_gpu_cluster_list_the_dra_stack(tmp_path: Path) -> None:
+    values = tmp_path / "dra.yaml"
+    values.write_text(
+        "clusterPolicy: {deployCR: false}\ngpuCluster: {deployCR: true}\ndriver: {enabled: false}\n"
+    )
+    lines = _images("--values", str(VALUES), "--values", str(values))
+    assert "nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0" in lines
+    assert any(i.startswith("ghcr.io/gpu-operator-py/gpu-operator:") for i in lines)
+    # No ClusterPolicy: none of the device plugin stack is pulled.
+    assert not any(i.startswith("nvcr.io/nvidia/k8s-device-plugin:") for i in lines)
+
+
+def test_a_cluster_policy_and_a_gpu_cluster_together_are_refused(tmp_path: Path) -> None:
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        (ROOT / "examples" / "clusterpolicy-default.yaml").read_text()
+        + "\n---\n"
+        + (ROOT / "examples" / "gpucluster-dra.yaml").read_text()
+    )
+    result = runner.invoke(app, ["images", "-f", str(both)])
+    assert result.exit_code == 1
+    assert "both ClusterPolicy cluster-policy and GPUCluster gpu-cluster" in result.stderr
+    assert result.stdout == ""

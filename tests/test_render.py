@@ -12,14 +12,16 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gpu_operator import render
 from gpu_operator.api import manifests, validation
-from gpu_operator.cli import app
+from gpu_operator.cli import app, render
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # Custom resources kubernetes-validate has no schema for (prometheus-operator).
 UNKNOWN_TO_VALIDATOR = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Kinds without a namespace among the rendered objects (a GPUCluster's DRA objects included).
+CLUSTER_SCOPED = {"RuntimeClass", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # fmt: skip
 MULTI_POOL = """\
 namespace: nvidia-gpu
 serviceMonitorCRD: true
@@ -108,8 +110,7 @@ def test_every_example_renders_valid_objects_with_default_facts(example: Path) -
     kinds = {o["kind"] for o in objects}
     assert "DaemonSet" in kinds
     assert all(o["metadata"]["labels"]["nvidia.com/gpu-operator.state"] for o in objects)
-    namespaced = [o for o in objects if o["kind"] not in ("RuntimeClass", "ClusterRole",
-                                                          "ClusterRoleBinding")]  # fmt: skip
+    namespaced = [o for o in objects if o["kind"] not in CLUSTER_SCOPED]
     assert {o["metadata"]["namespace"] for o in namespaced} == {"gpu-operator"}
     _validate(objects)
 
@@ -218,7 +219,7 @@ def test_invalid_policy_exits_1_with_validates_messages(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["-f", "/nonexistent.yaml"], "no such file"),
-        (["-f", "{facts}"], "no ClusterPolicy found"),
+        (["-f", "{facts}"], "no ClusterPolicy or GPUCluster found"),
         (
             ["-f", "{policy}", "--facts", "/nonexistent-facts.yaml"],
             "nonexistent-facts.yaml: no such file",
@@ -352,5 +353,54 @@ def test_no_cluster_policy_but_a_gpu_cluster_policy_gets_the_suggestion(tmp_path
     path.write_text("apiVersion: gpu.nvidia.com/v1\nkind: GPUClusterPolicy\nmetadata: {name: g}\n")
     result = _invoke("-f", str(path))
     assert result.exit_code == 2
-    assert "no ClusterPolicy found in the input" in result.stderr
+    assert "no ClusterPolicy or GPUCluster found in the input" in result.stderr
     assert "did you mean ClusterPolicy (nvidia.com/v1)?" in result.stderr
+
+
+def test_a_gpu_cluster_renders_what_its_reconciler_applies(multi_pool: Path) -> None:
+    from gpu_operator.operands import dra_driver
+
+    path = ROOT / "examples" / "gpucluster-dra.yaml"
+    result = _invoke("-f", str(path), "--facts", str(multi_pool))
+    assert result.exit_code == 0, result.output
+    cluster = validation.check_document(manifests.read(str(path))[0]).obj
+    facts = render.cluster_facts(render.load_facts(multi_pool))
+    expected = dra_driver.render(cluster, facts).objects()  # type: ignore[arg-type]
+    assert _objects(result.stdout) == expected
+    deploy = "dra-driver, dra-validator, dcgm-dra, dcgm-exporter-dra"
+    assert f"# pool a100 (4 node(s)): {deploy}" in result.stdout
+    assert "# pool cpu (3 node(s)): nothing (no GPU)" in result.stdout
+
+
+def test_a_gpu_cluster_daemonsets_render_without_gpu_nodes(tmp_path: Path) -> None:
+    """The GPUCluster reconciler applies its DaemonSets before a GPU node exists."""
+    facts = tmp_path / "facts.yaml"
+    facts.write_text("pools: [{name: cpu, nodes: 2, gpu: null}]\n")
+    result = _invoke("-f", str(ROOT / "examples" / "gpucluster-dra.yaml"), "--facts", str(facts))
+    assert result.exit_code == 0, result.output
+    assert "DaemonSet" in {o["kind"] for o in _objects(result.stdout)}
+
+
+def test_a_gpu_cluster_on_too_old_kubernetes_renders_nothing_and_fails(tmp_path: Path) -> None:
+    facts = tmp_path / "facts.yaml"
+    facts.write_text("kubernetesVersion: 1.33.4\n")
+    result = _invoke("-f", str(ROOT / "examples" / "gpucluster-dra.yaml"), "--facts", str(facts))
+    assert result.exit_code == 1
+    assert "GPUCluster: failed: Kubernetes 1.33.4 is older than 1.34.2" in result.stderr
+    assert _objects(result.stdout) == []
+
+
+def test_a_cluster_policy_and_a_gpu_cluster_together_are_refused(tmp_path: Path) -> None:
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        (ROOT / "examples" / "clusterpolicy-default.yaml").read_text()
+        + "\n---\n"
+        + (ROOT / "examples" / "gpucluster-dra.yaml").read_text()
+    )
+    result = _invoke("-f", str(both))
+    assert result.exit_code == 2
+    assert (
+        "the input has both ClusterPolicy cluster-policy and GPUCluster gpu-cluster, and a "
+        "cluster runs one or the other" in result.stderr
+    )
+    assert result.stdout == ""

@@ -17,8 +17,9 @@ import yaml
 from typer.testing import CliRunner
 
 import kubesim
-from gpu_operator import api, render, validate_refs
-from gpu_operator.cli import app
+from gpu_operator import api
+from gpu_operator.cli import app, render
+from gpu_operator.controller import validate_refs
 from gpu_operator.kube import client as kube_client
 from gpu_operator.kube import config_maps
 from gpu_operator.operands import registry

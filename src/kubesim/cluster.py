@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kubesim import errors, service_ips
+from kubesim import admission, errors, service_ips
 from kubesim.auth import Auth
 from kubesim.clock import Clock
 from kubesim.controllers.base import Controller
@@ -30,12 +30,14 @@ from kubesim.controllers.garbage_collector import GarbageCollector
 from kubesim.controllers.job import JobController
 from kubesim.controllers.kubelet import Kubelet, KubeletConfig, PodRunner, RunnerRegistration
 from kubesim.controllers.namespace import NamespaceController
+from kubesim.controllers.resourceclaim import ResourceClaimController
 from kubesim.controllers.scheduler import Scheduler
 from kubesim.controllers.statefulset import StatefulSetController
 from kubesim.controllers.ttl_after_finished import TTLAfterFinishedController
 from kubesim.controllers.volumes import NodeFilesystems
 from kubesim.cri import RuntimeService
 from kubesim.devicemanager import DeviceManager
+from kubesim.dramanager import DRAManager
 from kubesim.faults import Faults
 from kubesim.images import ImageCatalog
 from kubesim.programs import Predicate, Program
@@ -51,6 +53,7 @@ ALL_CONTROLLERS = (
     "deployment",
     "replicaset",
     "scheduler",
+    "resourceclaim",
     "disruption",
     "kubelet",
     "clusterrole-aggregation",
@@ -141,6 +144,7 @@ class Cluster:
         self.host = host
         self.port = port
         self.store = Store(history=history)
+        admission.install(self.store)
         self.stats = Stats()
         self.faults = Faults(self.store, seed=seed)
         # "open" allows everything (AlwaysAllow); "rbac" enforces RBAC with bearer tokens.
@@ -241,6 +245,7 @@ class Cluster:
             "deployment": lambda: DeploymentController(self.store, self.clock),
             "replicaset": lambda: ReplicaSetController(self.store),
             "scheduler": lambda: Scheduler(self.store),
+            "resourceclaim": lambda: ResourceClaimController(self.store),
             "disruption": lambda: DisruptionController(self.store),
             "kubelet": lambda: self.kubelet,
             "clusterrole-aggregation": lambda: ClusterRoleAggregationController(self.store),
@@ -341,13 +346,29 @@ class Cluster:
         """A node's device manager, if started (devices, capacity, allocations)."""
         return self.kubelet.devices.get(node)
 
+    async def start_dra_manager(self, node: str) -> DRAManager:
+        """Start a node's DRA manager now: it watches the node's
+        `/var/lib/kubelet/plugins_registry/` for DRA plugins. It also starts by itself when a
+        pod with a runner or with ResourceClaims starts on the node. Needs node filesystems."""
+        if self.store.peek(("", "nodes"), "", node) is None:
+            raise errors.not_found("nodes", "", node)
+        return await self.kubelet.dra.ensure(node)
+
+    def dra_manager(self, node: str) -> DRAManager | None:
+        """A node's DRA manager, if started (registered plugins, prepared claims)."""
+        return self.kubelet.dra.get(node)
+
     async def restart_kubelet(self, node: str) -> None:
         """Restart a node's kubelet: its pods keep running, its device manager stops and starts
         again from the checkpoint (a new `kubelet.sock`, which plugins watch to register again),
-        and the node records `Starting`."""
+        its DRA manager (if started) restarts from its checkpoint, re-registers the DRA plugins
+        whose sockets are there and deletes the node's ResourceSlices, and the node records
+        `Starting`."""
         if self.store.peek(("", "nodes"), "", node) is None:
             raise errors.not_found("nodes", "", node)
         await self.kubelet.devices.restart(node)
+        if self.kubelet.dra.get(node) is not None:
+            await self.kubelet.dra.restart(node)
         self.kubelet.node_event(node, "Starting", "Starting kubelet.")
 
     def register_pod_runner(

@@ -168,12 +168,17 @@ def qos_class(spec: dict[str, Any]) -> str:
     return "Guaranteed" if guaranteed and containers else "Burstable"
 
 
-def apply_create_defaults(rt: ResourceType, obj: dict[str, Any]) -> None:
-    """Fill in the defaults the real server adds on create."""
+def apply_create_defaults(
+    rt: ResourceType, obj: dict[str, Any], *, spec_defaulted: bool = False
+) -> None:
+    """Fill in the defaults the real server adds on create (`spec_defaulted`: a pod whose spec
+    is a copy of one already defaulted, as a DaemonSet's admitted prototype: only its status
+    is set)."""
     kind = rt.kind if not rt.from_crd else ""
     if kind == "Pod":
         pod_spec = obj.setdefault("spec", {})
-        _spec_defaults(kind, obj)
+        if not spec_defaulted:
+            _spec_defaults(kind, obj)
         obj["status"] = {"phase": "Pending", "qosClass": qos_class(pod_spec)}
     elif kind == "Namespace":
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
@@ -258,6 +263,11 @@ def _spec_defaults(kind: str, obj: dict[str, Any]) -> None:
             spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
     elif kind == "PriorityClass":
         obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
+    elif kind == "ResourceClaim" and isinstance(spec, dict):
+        _device_request_defaults(spec)
+    elif kind == "ResourceClaimTemplate" and isinstance(spec, dict):
+        if isinstance(spec.get("spec"), dict):
+            _device_request_defaults(spec["spec"])
     elif kind == "EndpointSlice":
         for port in obj.get("ports") or []:
             if isinstance(port, dict):
@@ -271,6 +281,23 @@ def _spec_defaults(kind: str, obj: dict[str, Any]) -> None:
         for webhook in obj.get("webhooks") or []:
             if isinstance(webhook, dict):
                 _webhook_defaults(webhook, mutating=kind.startswith("Mutating"))
+
+
+def _device_request_defaults(claim_spec: dict[str, Any]) -> None:
+    """A device request's allocationMode defaults to ExactCount, whose count defaults to 1
+    (for `exactly` and for each `firstAvailable` alternative)."""
+    devices = claim_spec.get("devices")
+    if not isinstance(devices, dict):
+        return
+    for request in devices.get("requests") or []:
+        if not isinstance(request, dict):
+            continue
+        targets = [request.get("exactly"), *(request.get("firstAvailable") or [])]
+        for target in targets:
+            if isinstance(target, dict):
+                target.setdefault("allocationMode", "ExactCount")
+                if target["allocationMode"] == "ExactCount":
+                    target.setdefault("count", 1)
 
 
 def _fold_string_data(secret: dict[str, Any]) -> None:

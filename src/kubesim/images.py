@@ -19,6 +19,7 @@ Facts followed (Kubernetes 1.35 kubelet, containerd 2.0 with its transfer servic
 from __future__ import annotations
 
 import fnmatch
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable
@@ -115,9 +116,11 @@ def _check_digest(digest: str) -> None:
         raise InvalidReference("invalid checksum digest format")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse(image: str) -> Reference:
     """Parse an image name as the kubelet does (the distribution reference grammar with Docker
-    Hub normalization); raises InvalidReference with the parser's message."""
+    Hub normalization); raises InvalidReference with the parser's message. Remembered per name
+    (a rollout starts the same few images on thousands of nodes; errors are not remembered)."""
     if _IDENTIFIER.fullmatch(image):
         raise InvalidReference(
             f"invalid repository name ({image}), cannot specify 64-byte hexadecimal strings"
@@ -338,6 +341,9 @@ class ImageCatalog:
     ) -> None:
         self.entries: list[CatalogEntry] = []
         self.registries: set[str] = set()
+        # image -> pull's answer, until the catalog changes (thousands of nodes pull the same
+        # few images).
+        self._pulls: dict[str, PullFailure | None] = {}
         if defaults:
             for repository, tags in DEFAULT_IMAGES.items():
                 host, _, path = repository.partition("/")
@@ -348,6 +354,7 @@ class ImageCatalog:
     def add(self, *patterns: str) -> None:
         """Make images exist (see `entry` for the patterns); their registries resolve."""
         self.entries.extend(entry(p) for p in patterns)
+        self._pulls.clear()
 
     def add_registry(self, *hosts: str) -> None:
         """Make registry hosts (`registry.local`, `10.0.0.5:5000`) resolve, with no images."""
@@ -356,6 +363,7 @@ class ImageCatalog:
             if not name or "/" in name or any(c.isspace() for c in name):
                 raise ValueError(f"registry {host!r}: expected a host name, optionally :port")
             self.registries.add(DOCKER_HUB if name == _LEGACY_DOCKER_HUB else name)
+        self._pulls.clear()
 
     def reachable(self, ref: Reference) -> bool:
         """Whether the reference's registry answers (its host resolves)."""
@@ -366,7 +374,11 @@ class ImageCatalog:
     def pull(self, image: str) -> PullFailure | None:
         """What pulling `image` gives: None when it exists, otherwise containerd's failure
         (`image` must parse; see `parse`)."""
-        return pull_failure(parse(image), self)
+        try:
+            return self._pulls[image]
+        except KeyError:
+            found = self._pulls[image] = pull_failure(parse(image), self)
+            return found
 
 
 def _manifest_url(ref: Reference) -> str:
@@ -435,7 +447,7 @@ def image_step(image: str, policy: str, present: Iterable[str]) -> ImageStep:
         key = str(parse(image))
     except InvalidReference as error:
         return ImageStep("invalid", "", invalid_name_message(image, error))
-    on_node = key in set(present)
+    on_node = key in (present if isinstance(present, set | frozenset) else set(present))
     if policy == "Never":
         if on_node:
             return ImageStep("present", key)

@@ -33,7 +33,6 @@ __all__ = [
     "iterate",
     "list_strategy",
     "path_string",
-    "record_update",
     "union",
 ]
 
@@ -270,23 +269,3 @@ def list_strategy(
         if dicts and all(key in i for i in dicts):
             return ("map", (key,))
     return ("map", (candidates[0],))
-
-
-def record_update(
-    obj: dict[str, Any],
-    old: dict[str, Any] | None,
-    manager: str,
-    api_version: str,
-    schema: dict[str, Any] | None,
-    subresource: str | None,
-    now: str,
-    *,
-    status_reset: bool = False,
-) -> None:
-    """Give `manager` (operation Update) the fields this write set or changed; `status_reset`:
-    the kind's status is the server's on create (a status subresource), so it is not recorded."""
-    from kubesim import ssa  # ssa builds on this module's set algebra
-
-    ssa.record_update(
-        obj, old, manager, api_version, schema, subresource, now, status_reset=status_reset
-    )

@@ -11,13 +11,13 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from kubesim import scale, tables
+from kubesim import columns, scale
 from kubesim.store import parse_time
 
-Column = tables.Column
+Column = columns.Column
 Cell = Callable[[dict[str, Any]], Any]
-NAME = tables.NAME
-AGE = tables.AGE
+NAME = columns.NAME
+AGE = columns.AGE
 
 
 def since(stamp: Any) -> str:
@@ -28,7 +28,7 @@ def since(stamp: Any) -> str:
         moment = parse_time(str(stamp))
     except ValueError:
         return "<unknown>"
-    return tables.duration((dt.datetime.now(dt.UTC) - moment).total_seconds())
+    return columns.duration((dt.datetime.now(dt.UTC) - moment).total_seconds())
 
 
 def created_at(obj: dict[str, Any]) -> str:
@@ -125,7 +125,7 @@ def _job_duration(obj: dict[str, Any]) -> str:
         return ""
     end = _get(obj, "status", "completionTime")
     finish = parse_time(end) if end else dt.datetime.now(dt.UTC)
-    return tables.duration((finish - parse_time(start)).total_seconds())
+    return columns.duration((finish - parse_time(start)).total_seconds())
 
 
 def _bool(value: Any) -> bool:
@@ -386,6 +386,22 @@ def _ingress_class_parameters(obj: dict[str, Any]) -> str:
 
 
 # ----- events ----------------------------------------------------------------------------------
+
+
+def _claim_state(obj: dict[str, Any]) -> str:
+    """A ResourceClaim's State cell: deleted, pending, allocated, reserved (comma-joined)."""
+    states = []
+    deleting = bool(_get(obj, "metadata", "deletionTimestamp"))
+    if deleting:
+        states.append("deleted")
+    if not _get(obj, "status", "allocation"):
+        if not deleting:
+            states.append("pending")
+    else:
+        states.append("allocated")
+        if _get(obj, "status", "reservedFor"):
+            states.append("reserved")
+    return ",".join(states)
 
 
 def _event_field(obj: dict[str, Any], core: str, events_k8s_io: str) -> Any:
@@ -673,6 +689,9 @@ COLUMNS: dict[str, list[Column]] = {
         ("PreemptionPolicy", "string", 0, lambda o: o.get("preemptionPolicy") or ""),
     ],
     "runtimeclasses": [NAME, ("Handler", "string", 0, lambda o: o.get("handler", "")), AGE],
+    "deviceclasses": [NAME, AGE],
+    "resourceclaims": [NAME, ("State", "string", 0, lambda o: _claim_state(o)), AGE],
+    "resourceclaimtemplates": [NAME, AGE],
     "resourceslices": [
         NAME,
         ("Node", "string", 0, lambda o: _get(o, "spec", "nodeName") or ""),

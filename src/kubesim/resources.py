@@ -318,9 +318,13 @@ BUILTINS: tuple[ResourceType, ...] = (
     _rt("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     _rt("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     _rt("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
-    # Dynamic resource allocation: DRA drivers publish their devices per node (GA in 1.34).
-    # Stored only: nothing allocates claims against them.
-    _rt("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
+    # Dynamic resource allocation (GA in 1.34): drivers publish devices in ResourceSlices,
+    # the resource claim controller stamps claims out of templates and the scheduler's DRA
+    # plugin allocates them (kubesim.controllers.resourceclaim, dra_allocation).
+    _rt("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False, generation=True),
+    _rt("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, status=True),
+    _rt("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+    _rt("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False, generation=True),
     # Review kinds are virtual: a create is answered and nothing is stored.
     _rt(
         "authorization.k8s.io",
@@ -379,6 +383,24 @@ BUILTINS: tuple[ResourceType, ...] = (
         "v1",
         "validatingwebhookconfigurations",
         "ValidatingWebhookConfiguration",
+        False,
+        generation=True,
+    ),
+    # Stored and served; kubesim does not evaluate their CEL (docs/kubesim.md).
+    _rt(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+        False,
+        status=True,
+        generation=True,
+    ),
+    _rt(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicybindings",
+        "ValidatingAdmissionPolicyBinding",
         False,
         generation=True,
     ),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from aiohttp import web
 from kubesim import (
     deep,
     errors,
+    list_encoding,
     list_options,
     openapi,
     openapi_v2,
@@ -28,7 +28,7 @@ from kubesim import (
 from kubesim.auth import REVIEW_GROUPS, Auth, loopback
 from kubesim.controllers import disruption
 from kubesim.faults import Faults
-from kubesim.protobuf import negotiation
+from kubesim.protobuf import codec, negotiation
 from kubesim.resources import (
     Registry,
     ResourceType,
@@ -83,6 +83,9 @@ class ApiServer:
         self.app = web.Application(client_max_size=request_limits.MAX_BODY_BYTES)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self._streams: set[web.StreamResponse] = set()
+        # Encodes changed objects of kinds recently listed as protobuf or Table ahead of the
+        # next such list.
+        self.prewarmer = list_encoding.Prewarmer(store)
         # The cluster points this at the kubelet's container runtime.
         self.streaming = streaming_api.StreamingApi(store)
 
@@ -230,7 +233,7 @@ class ApiServer:
     def _object(self, rt: ResourceType, stored: Stored, status: int = 200) -> web.Response:
         raw = stored.raw
         if stored.obj.get("apiVersion") != rt.api_version:
-            raw = _reversioned(rt, stored)
+            raw = list_encoding.reversioned(rt, stored)
         return web.Response(body=raw, status=status, content_type=JSON_TYPE)
 
     # ----- resources ---------------------------------------------------------------------------
@@ -330,7 +333,7 @@ class ApiServer:
                 return self._json(tables.table(rt, [stored], self.store.resource_version, query))
             return self._object(rt, stored)
         if verb == "list":
-            return self._list(request, target)
+            return await self._list(request, target)
         if verb == "watch":
             return await self._watch(request, target)
         if verb == "create":
@@ -540,7 +543,7 @@ class ApiServer:
         )
         return self._object(rt, result)
 
-    def _list(self, request: web.Request, target: Target) -> web.Response:
+    async def _list(self, request: web.Request, target: Target) -> web.Response:
         rt = target.rt
         query = request.query
         list_options.parse(query, watch=False)
@@ -550,26 +553,32 @@ class ApiServer:
             limit = int(query.get("limit") or 0)
         except ValueError as exc:
             raise errors.bad_request("limit must be an integer") from exc
-        items, rv, token = self.store.list_page(
+        # The page is chosen now, at one resourceVersion, from the indexes; its items are
+        # immutable stored versions, encoded below in slices that let other requests run.
+        page = self.store.list_page(
             rt, target.namespace, labels, fields, limit, query.get("continue")
         )
         if _wants_table(request):
-            return self._json(tables.table(rt, items, rv, query, token))
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        if token:
-            meta["continue"] = token
-        head = (
-            b'{"kind":"'
-            + rt.list_kind.encode()
-            + b'","apiVersion":"'
-            + rt.api_version.encode()
-            + b'","metadata":'
-            + dumps(meta)
-            + b',"items":['
-        )
-        same_version = all(s.obj.get("apiVersion") == rt.api_version for s in items)
-        raws = [s.raw for s in items] if same_version else [_reversioned(rt, s) for s in items]
-        return web.Response(body=head + b",".join(raws) + b"]}", content_type=JSON_TYPE)
+            body = await list_encoding.table_body(rt, page, query)
+            self.prewarmer.listed(rt, labels, form=list_encoding.table_form(rt, query))
+            return web.Response(body=body, content_type=JSON_TYPE)
+        accept = request.headers.get("Accept", "")
+        if (
+            "protobuf" in accept
+            and negotiation.preferences(accept)[0]
+            and list_encoding.protobuf_possible(rt)
+        ):
+            self.prewarmer.listed(rt, labels, proto=list_encoding.list_item_message(rt))
+            try:
+                body = await list_encoding.protobuf_body(rt, page)
+            except codec.ProtobufError as exc:
+                log.error("cannot encode %s as protobuf: %s", rt.list_kind, exc)
+                raise errors.ApiError(
+                    500, f"unable to encode the response as protobuf: {exc}"
+                ) from exc
+            return web.Response(body=body, content_type=codec.MEDIA_TYPE)
+        body = await list_encoding.json_body(rt, page)
+        return web.Response(body=body, content_type=JSON_TYPE)
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         rt = target.rt
@@ -700,7 +709,7 @@ class ApiServer:
         if as_table:
             body = dumps(tables.table(rt, [stored], stored.rv, query, None, watch=True))
         elif stored.obj.get("apiVersion") != rt.api_version:
-            body = _reversioned(rt, stored)
+            body = list_encoding.reversioned(rt, stored)
         else:
             body = stored.raw
         return b'{"type":"' + event_type.encode() + b'","object":' + body + b"}\n"
@@ -805,8 +814,9 @@ class ApiServer:
         return self._object(target.rt, result)
 
     async def close_streams(self) -> None:
-        """End open watch responses (used on shutdown)."""
+        """End open watch responses and the prewarming (used on shutdown)."""
         self.store.close_watches()
+        self.prewarmer.close()
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -830,10 +840,3 @@ def _check_api_version(rt: ResourceType, body: Any) -> None:
             f"the API version in the data ({api_version}) does not match "
             f"the expected API version ({rt.api_version})"
         )
-
-
-def _reversioned(rt: ResourceType, stored: Stored) -> bytes:
-    """An object as seen through another served version of its CRD (no conversion: same shape)."""
-    obj = json.loads(stored.raw)
-    obj["apiVersion"] = rt.api_version
-    return dumps(obj)

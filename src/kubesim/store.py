@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import bisect
 import datetime as dt
 import json
 import random
 import sys
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, TypeVar
@@ -21,15 +21,12 @@ from kubesim import deep as deep_mod
 from kubesim import (
     defaults,
     errors,
-    managed_fields,
-    pod_priority,
+    list_index,
     request_limits,
-    runtime_class,
     schema,
     selectors,
-    service_ips,
+    ssa,
     validation,
-    workload_admission,
 )
 from kubesim.resources import Registry, ResourceType
 
@@ -96,6 +93,18 @@ def _deep(codec: Callable[[], _T]) -> _T:
         sys.setrecursionlimit(before)
 
 
+# The version (4) and variant (RFC 4122) bits of a random UUID, as uuid.UUID(version=4) sets them.
+_UUID_KEEP = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
+_UUID_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def new_uid() -> str:
+    """A random (version 4) UUID, as `str(uuid.uuid4())` spells it, without its system call and
+    UUID object per object (a rollout of thousands of pods creates hundreds of thousands)."""
+    text = f"{random.getrandbits(128) & _UUID_KEEP | _UUID_SET:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
 def _encode(obj: Any) -> bytes:
     try:
         # Into a buffer, then an exact-size copy: encode()'s result keeps its spare capacity,
@@ -136,12 +145,17 @@ def _json_copy(obj: Any) -> Any:
 class Stored:
     """One object version: the dict (never mutated after commit) and its serialised bytes."""
 
-    __slots__ = ("_depth", "obj", "raw")
+    __slots__ = ("_depth", "obj", "proto", "raw", "row")
 
     def __init__(self, obj: dict[str, Any]) -> None:
         self.obj = obj
         self.raw = dumps(obj)
         self._depth: int | None = None
+        # (protobuf message name, encoded message), set by the first protobuf list that
+        # includes this version, or ahead of it by kubesim.list_encoding.Prewarmer.
+        self.proto: tuple[str, bytes] | None = None
+        # (table form, the Table row's JSON), likewise for lists asked as=Table.
+        self.row: tuple[tuple[str, ...], bytes] | None = None
 
     @property
     def deep(self) -> bool:
@@ -256,6 +270,8 @@ class Store:
         self.registry = registry or Registry.with_builtins()
         self._data: dict[Key, dict[ObjKey, Stored]] = {}
         self._sorted: dict[Key, list[ObjKey]] = {}
+        # Label and field indexes of the kinds listed with selectors (kubesim.list_index).
+        self._indexes: dict[Key, list_index.KindIndex] = {}
         self._rv = 1
         self._history: deque[Event] = deque()
         self._history_limit = history
@@ -265,13 +281,9 @@ class Store:
         self._keyed_listeners: dict[Key, list[Listener]] = {}
         self._dependents: dict[str, set[tuple[Key, str, str]]] = {}
         # Side effects of the real storage layer for some kinds (Service IP and node-port
-        # allocation, Job selectors, HPA defaults), run on create (old None) and update.
-        self.admission: list[AdmissionHook] = [
-            service_ips.admit,
-            workload_admission.admit,
-            pod_priority.admit,
-            runtime_class.admit,
-        ]
+        # allocation, Job selectors, HPA defaults, pod priority), run on create (old None) and
+        # update: registered by the cluster set-up (kubesim.admission.install).
+        self.admission: list[AdmissionHook] = []
 
     # ----- low level -------------------------------------------------------------------------
 
@@ -364,13 +376,26 @@ class Store:
         meta = obj["metadata"]
         obj_key = (meta.get("namespace", ""), meta["name"])
         data = self.bucket(rt.key)
+        index = self._indexes.get(rt.key)
+        if index is not None:
+            previous = data.get(obj_key)
+            if event_type == "DELETED":
+                if previous is not None:
+                    index.remove(obj_key, previous.obj)
+            elif previous is None:
+                index.add(obj_key, obj)
+            else:
+                index.update(obj_key, previous.obj, obj)
+        order = self._sorted.get(rt.key)
         if event_type == "DELETED":
-            data.pop(obj_key, None)
-            self._sorted.pop(rt.key, None)
+            if data.pop(obj_key, None) is not None and order is not None:
+                at = bisect.bisect_left(order, obj_key)
+                if at < len(order) and order[at] == obj_key:
+                    del order[at]
             self._index_owners(rt.key, None, old.obj if old else obj)
         else:
-            if obj_key not in data:
-                self._sorted.pop(rt.key, None)
+            if obj_key not in data and order is not None:
+                bisect.insort(order, obj_key)  # kept sorted: no full sort on the next list
             data[obj_key] = stored
             self._index_owners(rt.key, obj, old.obj if old else None)
         event = Event(self._rv, event_type, rt.key, stored, old)
@@ -459,6 +484,7 @@ class Store:
         self.close_watches()
         self._data = {key: dict(bucket) for key, bucket in data.items()}
         self._sorted.clear()
+        self._indexes.clear()
         self._dependents = {uid: set(holders) for uid, holders in dependents.items()}
         self._rv = rv
         self._history.clear()
@@ -495,11 +521,13 @@ class Store:
         manager: str | None = None,
         dry_run: bool = False,
         trusted: bool = False,
+        defaulted: bool = False,
     ) -> Stored:
         """Create an object (takes ownership of `obj`).
 
         `trusted`: an in-process copy of a body that already passed decoding and validation
-        (a controller stamping out pods from a checked template), so both are skipped.
+        (a controller stamping out pods from a checked template), so both are skipped;
+        `defaulted`: its spec is also a copy of a defaulted one, so spec defaulting is skipped.
         """
         if not isinstance(obj, dict):
             raise errors.bad_request("the body must be a JSON object")
@@ -547,8 +575,7 @@ class Store:
             raise errors.already_exists(rt.plural, rt.group, meta["name"])
         for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(field, None)
-        # A random (version 4) UUID without uuid4's system call per object.
-        meta["uid"] = str(uuid.UUID(int=random.getrandbits(128), version=4))
+        meta["uid"] = new_uid()
         meta["creationTimestamp"] = now()
         if rt.has_generation:
             meta["generation"] = 1
@@ -556,7 +583,7 @@ class Store:
             meta.pop("generation", None)
         if rt.status_subresource and not rt.status_on_create:
             obj.pop("status", None)
-        defaults.apply_create_defaults(rt, obj)
+        defaults.apply_create_defaults(rt, obj, spec_defaulted=trusted and defaulted)
         if rt.schema is not None:
             schema.admit(rt, obj)
         # Like the real storage, allocation and generated fields come before validation.
@@ -567,7 +594,7 @@ class Store:
         if rt.key == CRD_KEY:
             _crd_status(obj, None)
         if manager:
-            managed_fields.record_update(
+            ssa.record_update(
                 obj, None, manager, obj["apiVersion"], rt.schema, None, now(),
                 status_reset=rt.status_subresource,
             )  # fmt: skip
@@ -695,7 +722,7 @@ class Store:
                 _crd_status(obj, old.obj)
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if manager:
-            managed_fields.record_update(
+            ssa.record_update(
                 obj,
                 old.obj,
                 manager,
@@ -787,6 +814,43 @@ class Store:
             return Stored(obj), True
         return self.commit("DELETED", rt, obj, old), True
 
+    def _order(self, key: Key, namespace: str | None) -> list[ObjKey]:
+        """The keys of a kind in (namespace, name) order; only one namespace's when given."""
+        order = self._sorted.get(key)
+        if order is None:
+            order = self._sorted[key] = sorted(self.bucket(key))
+        if namespace is None:
+            return order
+        low = bisect.bisect_left(order, (namespace, ""))
+        high = bisect.bisect_left(order, (namespace + "\x00", ""))
+        return order[low:high]
+
+    def _index(self, key: Key) -> list_index.KindIndex:
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = list_index.KindIndex(list_index.indexed_fields(key))
+            for obj_key, stored in self.bucket(key).items():
+                index.add(obj_key, stored.obj)
+        return index
+
+    def _candidates(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        labels: selectors.LabelSelector,
+        fields: selectors.FieldSelector,
+    ) -> list[ObjKey]:
+        """The keys that can match, in order: from the indexes when the selectors narrow the
+        kind, else the namespace's (or the kind's) keys."""
+        if labels.empty and fields.empty:
+            return self._order(rt.key, namespace)
+        found = self._index(rt.key).candidates(labels, fields)
+        if found is None:
+            return self._order(rt.key, namespace)
+        if namespace is not None:
+            return sorted(k for k in found if k[0] == namespace)
+        return sorted(found)
+
     def select(
         self,
         rt: ResourceType,
@@ -795,13 +859,29 @@ class Store:
         fields: selectors.FieldSelector,
     ) -> Iterator[Stored]:
         """Objects of a type matching the selectors, in key order."""
-        for stored in self.scan(rt.key, namespace):
-            meta = stored.obj["metadata"]
-            if not labels.empty and not labels.matches(meta.get("labels")):
+        if labels.nothing:
+            return
+        data = self.bucket(rt.key)
+        for obj_key in self._candidates(rt, namespace, labels, fields):
+            stored = data.get(obj_key)
+            if stored is not None and _selected(stored.obj, labels, fields):
+                yield stored
+
+    def _versions_at(self, key: Key, rv: int) -> dict[ObjKey, Stored | None]:
+        """The objects of a kind changed since `rv`, each with its version at `rv` (None: it
+        did not exist then); from the watch history, which must reach back to `rv`."""
+        versions: dict[ObjKey, Stored | None] = {}
+        for event in reversed(self._history):
+            if event.rv <= rv:
+                break
+            if event.key != key:
                 continue
-            if not fields.empty and not fields.matches(stored.obj):
-                continue
-            yield stored
+            meta = event.new.obj["metadata"]
+            # Newest first: the last one written is the oldest change, whose prior version
+            # is the one at `rv`.
+            prior = None if event.type == "ADDED" else event.old
+            versions[(meta.get("namespace", ""), meta["name"])] = prior
+        return versions
 
     def list_page(
         self,
@@ -811,36 +891,53 @@ class Store:
         fields: selectors.FieldSelector,
         limit: int = 0,
         continue_token: str | None = None,
-    ) -> tuple[list[Stored], int, str | None]:
-        """A page of a list: items, the list resourceVersion and the continue token if any."""
+    ) -> Page:
+        """A page of a list: its items, the list's resourceVersion, the continue token when
+        more items match, and how many remain (only for lists without selectors, as the real
+        server). A continued list is served as of the first page's resourceVersion (from the
+        watch history; 410 Expired once that is compacted), like the real server's
+        consistent snapshots; the items are immutable stored versions, so the caller may
+        encode them later, at its own pace, without holding the store."""
+        if limit < 0:
+            limit = 0
         rv = self._rv
         start: ObjKey | None = None
         if continue_token:
-            try:
-                state = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
-                rv = int(state["rv"])
-                start = (str(state["start"][0]), str(state["start"][1]))
-            except (ValueError, KeyError, TypeError, IndexError, binascii.Error) as exc:
-                raise errors.bad_request("invalid continue token") from exc
+            rv, start = decode_continue(continue_token)
             if rv < self.compacted_rv:
                 raise errors.gone(
                     "The provided continue parameter is too old to display "
                     "a consistent list result. "
                     "You can start a new list without the continue parameter."
                 )
+        versions = self._versions_at(rt.key, rv) if rv < self._rv else {}
+        data = self.bucket(rt.key)
+        candidates = [] if labels.nothing else self._candidates(rt, namespace, labels, fields)
+        if versions:
+            # Objects changed since `rv` are judged by their version at `rv`: deleted ones, or
+            # ones whose labels moved them out of the indexed candidates, may belong.
+            extra = [k for k in versions if namespace is None or k[0] == namespace]
+            candidates = sorted({*candidates, *extra}) if extra else candidates
+        position = 0 if start is None else bisect.bisect_right(candidates, start)
         items: list[Stored] = []
         token = None
-        for stored in self.select(rt, namespace, labels, fields):
-            meta = stored.obj["metadata"]
-            if start is not None and (meta.get("namespace", ""), meta["name"]) <= start:
+        remaining: int | None = None
+        for at in range(position, len(candidates)):
+            obj_key = candidates[at]
+            stored = versions[obj_key] if obj_key in versions else data.get(obj_key)
+            if stored is None or not _selected(stored.obj, labels, fields):
                 continue
             if limit and len(items) >= limit:
-                last = items[-1].obj["metadata"]
-                state = {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}
-                token = base64.urlsafe_b64encode(dumps(state)).decode()
+                token = encode_continue(rv, items[-1])
+                if labels.empty and fields.empty:
+                    remaining = sum(
+                        1
+                        for k in candidates[at:]
+                        if (versions[k] if k in versions else data.get(k)) is not None
+                    )
                 break
             items.append(stored)
-        return items, rv, token
+        return Page(items, rv, token, remaining)
 
     # ----- convenience API for Python callers (copies in, copies out) ------------------------
 
@@ -936,6 +1033,50 @@ class Store:
         for key, data in self._data.items():
             for stored in data.values():
                 yield key, stored
+
+
+class Page(NamedTuple):
+    """One page of a list (Store.list_page)."""
+
+    items: list[Stored]
+    rv: int
+    token: str | None
+    remaining: int | None
+
+
+def _selected(
+    obj: dict[str, Any], labels: selectors.LabelSelector, fields: selectors.FieldSelector
+) -> bool:
+    if not labels.empty and not labels.matches(obj["metadata"].get("labels")):
+        return False
+    return fields.empty or fields.matches(obj)
+
+
+def encode_continue(rv: int, last: Stored) -> str:
+    """A continue token in the real server's shape: URL-safe base64 (no padding) of
+    {"v": "meta.k8s.io/v1", "rv": <the list's resourceVersion>, "start": <the key after the
+    last item returned>}; kubesim's key is "<namespace>/<name>" with a NUL appended."""
+    meta = last.obj["metadata"]
+    key = f"{meta.get('namespace', '')}/{meta['name']}\x00"
+    state = {"v": "meta.k8s.io/v1", "rv": rv, "start": key}
+    return base64.urlsafe_b64encode(dumps(state)).decode().rstrip("=")
+
+
+def decode_continue(token: str) -> tuple[int, ObjKey]:
+    """(resourceVersion, last key returned) of a continue token; 400 when it is not one."""
+    try:
+        raw = base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4))
+        state = json.loads(raw)
+        if not isinstance(state, dict) or state.get("v") != "meta.k8s.io/v1":
+            raise ValueError(f"unrecognized continue version {state.get('v')!r}")
+        rv = int(state["rv"])
+        start = str(state["start"])
+        if rv <= 0 or not start.endswith("\x00") or "/" not in start:
+            raise ValueError("invalid start key or resourceVersion")
+    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
+        raise errors.bad_request(f"continue key is not valid: {exc}") from exc
+    namespace, _, name = start[:-1].partition("/")
+    return rv, (namespace, name)
 
 
 def _has_finalizers(rt: ResourceType, obj: dict[str, Any]) -> bool:

@@ -7,52 +7,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kubesim import printers
+from kubesim.columns import AGE, NAME, Column, duration
 from kubesim.resources import ResourceType
 from kubesim.store import Stored, parse_time
-
-Column = tuple[str, str, int, Callable[[dict[str, Any]], Any]]
-
-
-def age(obj: dict[str, Any]) -> str:
-    """Human age like kubectl prints it (5s, 3m, 2h, 4d)."""
-    created = (obj.get("metadata") or {}).get("creationTimestamp")
-    if not created:
-        return "<unknown>"
-    return duration((dt.datetime.now(dt.UTC) - parse_time(created)).total_seconds())
-
-
-def duration(seconds: float) -> str:
-    """A duration as the printers' HumanDuration writes it (`45s`, `3m20s`, `5h10m`, `3d4h`)."""
-    total = int(seconds)
-    # Up to two seconds in the future is clock skew between machines: "now".
-    if total < -1:
-        return "<invalid>"
-    if total < 0:
-        return "0s"
-    if total < 120:
-        return f"{total}s"
-    minutes = total // 60
-    if minutes < 10:
-        return f"{minutes}m{total % 60}s" if total % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = total // 3600
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    if hours < 24 * 365 * 8:
-        days = (hours // 24) % 365
-        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
-    return f"{hours // 24 // 365}y"
-
-
-def _name(obj: dict[str, Any]) -> str:
-    return str(obj["metadata"]["name"])
 
 
 def _node_status(obj: dict[str, Any]) -> str:
@@ -157,9 +115,6 @@ def _status(*path: str) -> Callable[[dict[str, Any]], Any]:
 
     return read
 
-
-NAME: Column = ("Name", "string", 0, _name)
-AGE: Column = ("Age", "string", 0, age)
 
 PRINTERS: dict[str, list[Column]] = {
     "nodes": [
@@ -307,10 +262,23 @@ def columns_for(rt: ResourceType) -> list[Column]:
     """The printer columns of a type."""
     if rt.from_crd:
         return _crd_columns(rt)
-    # Imported here: the printers module builds on this one's helpers.
-    from kubesim import printers
-
     return printers.COLUMNS.get(rt.plural) or PRINTERS.get(rt.plural) or printers.DEFAULT_COLUMNS
+
+
+def row(columns: list[Column], stored: Stored, include: str) -> dict[str, Any]:
+    """One object's Table row: its cells and, per includeObject, its metadata or the object."""
+    obj = stored.obj
+    if include == "Object":
+        row_object: dict[str, Any] = obj
+    elif include == "None":
+        row_object = {}
+    else:
+        row_object = {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"},
+        }
+    return {"cells": [fn(obj) for _, _, _, fn in columns], "object": row_object}
 
 
 def table(
@@ -325,20 +293,7 @@ def table(
     """A meta.k8s.io/v1 Table of objects; rows carry metadata (or the object with includeObject)."""
     columns = columns_for(rt)
     include = query.get("includeObject", "PartialObjectMetadata")
-    rows = []
-    for stored in items:
-        obj = stored.obj
-        if include == "Object":
-            row_object: dict[str, Any] = obj
-        elif include == "None":
-            row_object = {}
-        else:
-            row_object = {
-                "kind": "PartialObjectMetadata",
-                "apiVersion": "meta.k8s.io/v1",
-                "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"},
-            }
-        rows.append({"cells": [fn(obj) for _, _, _, fn in columns], "object": row_object})
+    rows = [row(columns, stored, include) for stored in items]
     meta: dict[str, Any] = {"resourceVersion": str(rv)}
     if continue_token:
         meta["continue"] = continue_token

@@ -24,7 +24,7 @@ from rich.console import Console
 from waiting import DEADLINE, within
 
 import kubesim
-from gpu_operator.demo import exporters, fleet, programs, session
+from gpudemo import exporters, fleet, programs, session
 
 pytestmark = needs_kubectl
 

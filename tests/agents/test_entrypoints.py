@@ -15,8 +15,8 @@ from builtin_commands import HELM, programs, rendered_operands
 
 from gpu_operator.agents import entrypoints
 from gpu_operator.agents.config_manager import signals
+from gpu_operator.cli.render import CHART_OPERATOR_ENV
 from gpu_operator.operands import builtin
-from gpu_operator.render import CHART_OPERATOR_ENV
 
 # What the image's Debian base brings (coreutils, sed, dash): docs/image.md.
 BASE_UTILITIES = {"sh", "cat", "rm", "sed", "sleep", "tail", "tr"}
@@ -33,8 +33,14 @@ def test_every_program_an_operand_starts_in_our_image_is_ours_or_the_bases() -> 
     }
     assert unknown == {}
     # Every agent with a builtin section is started by its NVIDIA name (vectorAdd by the
-    # validator's workload pods, which it creates itself).
-    assert set(entrypoints.NAMES) - set(found) == {"nvidia-ctk-installer", "vectorAdd"}
+    # validator's workload pods, which it creates itself). The GPU DRA kubelet plugin is started
+    # by the GPUCluster's state-dra-driver, not by the ClusterPolicy's operands rendered here;
+    # so are the compute-domain controller and kubelet plugin.
+    expected = {
+        "nvidia-ctk-installer", "vectorAdd", "gpu-kubelet-plugin",
+        "compute-domain-controller", "compute-domain-kubelet-plugin",
+    }  # fmt: skip
+    assert set(entrypoints.NAMES) - set(found) == expected - set(found)
 
 
 @pytest.mark.parametrize("name", entrypoints.NAMES)

@@ -19,9 +19,9 @@ from waiting import eventually
 from gpu_operator.agents.mig_manager import gpus as gpus_mod
 from gpu_operator.agents.mig_manager import host as host_mod
 from gpu_operator.agents.mig_manager import protocol as proto
-from gpu_operator.agents.pci import simulated
 from gpu_operator.api import keys
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
+from simhost import pci as simulated
 
 pytestmark = needs_kubectl
 NODE = "mig-mixed-1"  # a DGX A100 (8 x A100-SXM4-40GB) partitioned as all-balanced

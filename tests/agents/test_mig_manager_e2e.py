@@ -22,15 +22,16 @@ from rich.console import Console
 from waiting import DEADLINE, eventually, within
 
 import kubesim
-from gpu_operator import nvml, render
+from gpu_operator import nvml
 from gpu_operator.agents.mig_manager import gpus as gpus_mod
 from gpu_operator.agents.mig_manager import host as host_mod
 from gpu_operator.agents.mig_manager import protocol as proto
 from gpu_operator.api import keys
+from gpu_operator.cli import render
 from gpu_operator.controller.operator import Operator, Settings
-from gpu_operator.demo import fleet, programs, session
 from gpu_operator.kube import client as kube_client
 from gpu_operator.nvml import mock
+from gpudemo import fleet, programs, session
 from kubesim import KubeletConfig
 
 pytestmark = needs_kubectl

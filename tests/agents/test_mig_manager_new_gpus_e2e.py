@@ -17,12 +17,12 @@ from rich.console import Console
 from waiting import DEADLINE, eventually, within
 
 import kubesim
-from gpu_operator import render
 from gpu_operator.api import keys
+from gpu_operator.cli import render
 from gpu_operator.controller.operator import Operator, Settings
-from gpu_operator.demo import fleet, programs, session
 from gpu_operator.kube import client as kube_client
 from gpu_operator.operands import mig_manager
+from gpudemo import fleet, programs, session
 from kubesim import KubeletConfig
 
 pytestmark = needs_kubectl

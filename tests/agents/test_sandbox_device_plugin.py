@@ -65,11 +65,26 @@ def test_every_model_bound_to_vfio_is_one_resource_of_its_addresses(
     manage.bind_all(kernel)
     resources = {r.name: r for r in discovery.discover(tmp_path)}
     first = gpus(kernel)[0]
-    name = discovery.device_name(models.PCI_NAMES[first.device])
+    pci_name = models.PCI_NAMES.get(first.device)  # pci.ids has no name yet for GB200/GB300
+    name = discovery.device_name(pci_name) if pci_name else f"{first.device:04x}"
     assert [d.id for d in resources[name].devices] == [g.address for g in gpus(kernel)]
     assert resources[name].kind == "passthrough"
     audio = [f for f in sysfs.scan(tmp_path) if f.audio and f.nvidia]
     assert (len(resources) == 2) == bool(audio)  # an audio function is its own resource
+
+
+@pytest.mark.parametrize(("preset", "resource"), [("gb200-nvl72", "2941"), ("gb300-nvl72", "31c2")])
+def test_grace_blackwell_gpus_on_the_grace_vfio_driver_are_named_by_device_id(
+    tmp_path: Path, preset: str, resource: str
+) -> None:
+    # lspci shows these as `NVIDIA Corporation Device [10de:2941]`: with no pci.ids name the
+    # resource is the device id, as upstream names it; nvgrace_gpu_vfio_pci counts as vfio.
+    kernel = host(tmp_path, preset)
+    manage.bind_all(kernel)
+    assert {f.driver for f in gpus(kernel)} == {"nvgrace_gpu_vfio_pci"}
+    (found,) = discovery.discover(tmp_path)
+    assert found.resource_name == f"nvidia.com/{resource}"
+    assert [d.id for d in found.devices] == [g.address for g in gpus(kernel)]
 
 
 def test_vgpus_of_each_framework_are_resources(tmp_path: Path) -> None:

@@ -21,12 +21,12 @@ from rich.console import Console
 from waiting import DEADLINE, eventually, within
 
 import kubesim
-from gpu_operator import render
 from gpu_operator.agents.pci import sysfs
 from gpu_operator.api import keys, manifests
+from gpu_operator.cli import render
 from gpu_operator.controller.operator import Operator, Settings
-from gpu_operator.demo import fleet, programs, session
 from gpu_operator.kube import client as kube_client
+from gpudemo import fleet, programs, session
 from kubesim import KubeletConfig, PodContext
 
 pytestmark = needs_kubectl

@@ -10,8 +10,9 @@ import pytest
 from vm_hosts import PRESETS, gpus, host, nvidia
 
 from gpu_operator.agents.pci import kernel as kernel_mod
-from gpu_operator.agents.pci import models, simulated, sysfs
+from gpu_operator.agents.pci import models, sysfs
 from gpu_operator.agents.vfio_manager import aliases, command, holders, manage, plan
+from simhost import pci as simulated
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -22,7 +23,11 @@ def test_bind_all_puts_every_gpu_and_its_audio_function_on_vfio_pci(
     kernel.load_nvidia()  # a container node's driver was there: the manager takes them over
     changed = manage.bind_all(kernel)
     functions = {f.address: f for f in nvidia(kernel)}
-    bound = {a for a, f in functions.items() if f.driver == "vfio-pci"}
+    # Each goes to the vfio driver modules.alias names for it: nvgrace_gpu_vfio_pci for the Grace
+    # GPUs of the NVL72 trays, vfio-pci for the others.
+    found = aliases.load(tmp_path)
+    wanted = {a: aliases.driver_for(f.modalias, found) for a, f in functions.items()}
+    bound = {a for a, f in functions.items() if sysfs.is_vfio_driver(f.driver)}
     expected = {f.address for f in functions.values() if f.gpu or f.audio}
     assert bound == expected
     assert len(changed) == len(expected)
@@ -30,10 +35,11 @@ def test_bind_all_puts_every_gpu_and_its_audio_function_on_vfio_pci(
         if f.nvswitch:
             assert f.driver == "nvidia"  # NVSwitches only on request
             continue
-        assert f.driver_override == "vfio-pci"
+        assert f.driver == f.driver_override == wanted[f.address]
         assert (tmp_path / "dev" / "vfio" / str(f.iommu_group)).exists()
     assert (tmp_path / "dev" / "vfio" / "vfio").exists()
-    assert kernel.loaded("vfio_pci")
+    for module in {aliases.module_of(wanted[a]) for a in expected}:
+        assert kernel.loaded(module)  # only the drivers it needs (no vfio_pci on a Grace tray)
     assert kernel.loaded("vfio_iommu_type1")
     # The audio function shares its GPU's IOMMU group (a VM can only get both).
     for audio in (f for f in functions.values() if f.audio):
@@ -98,6 +104,16 @@ def test_a_variant_driver_named_by_modules_alias_wins_over_vfio_pci(tmp_path: Pa
     assert kernel.loaded("nvgrace_gpu_vfio_pci")
     manage.unbind_all(kernel)
     assert {f.driver for f in gpus(kernel)} == {None}
+
+
+@pytest.mark.parametrize("preset", ["gb200-nvl72", "gb300-nvl72"])
+def test_grace_blackwell_gpus_go_to_the_grace_variant_driver(tmp_path: Path, preset: str) -> None:
+    # The kernel's nvgrace-gpu-vfio-pci serves GB200 (0x2941) and, since Linux 6.18, GB300
+    # (0x31C2): plain vfio-pci cannot hand a VM the GPU's memory that is coherent with Grace.
+    kernel = host(tmp_path, preset)
+    manage.bind_all(kernel)
+    assert {f.driver for f in gpus(kernel)} == {"nvgrace_gpu_vfio_pci"}
+    assert kernel.loaded("nvgrace_gpu_vfio_pci")
 
 
 def test_the_most_specific_alias_wins() -> None:

@@ -13,9 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gpu_operator import render
 from gpu_operator.api import upstream_release
-from gpu_operator.cli import app
+from gpu_operator.cli import app, render
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "charts" / "gpu-operator" / "values.yaml"

@@ -126,7 +126,7 @@ def test_the_builtin_keys_are_known_to_the_notes(tmp_path: Path, packaged_chart:
     sets = ",".join(
         [
             "agents.builtin=true",
-            *(f"{path}.builtin=false" for path in SECTIONS),
+            *(f"{path}.builtin=false" for path in (*SECTIONS, "draDriver")),
             "toolkit.runtimeConfigGuard=false",
             "dcgm.builtin=true",  # dcgm has no agent of ours: not a key of this chart
         ]
@@ -141,7 +141,7 @@ def test_the_charts_list_of_nvidias_defaults_is_values_yamls() -> None:
     listed = dict(
         line.split(": ", 1) for line in block.splitlines()[1:] if ": " in line and "{{" not in line
     )
-    assert set(listed) == set(SECTIONS)
+    assert set(listed) == set(SECTIONS) | {"draDriver"}
     for path, ref in listed.items():
         section = at(values, tuple(path.split(".")))
         assert f"{section['repository']}/{section['image']}" == ref, path
@@ -158,6 +158,66 @@ def test_the_guard_value_reaches_the_operator_and_a_bad_one_fails(render: Any) -
     bad = render(sets=["toolkit.runtimeConfigGuard=sometimes"])
     assert bad.returncode != 0
     assert "toolkit.runtimeConfigGuard=sometimes: expected true, false or auto" in bad.stderr
+
+
+GPU_CLUSTER = ["gpuCluster.deployCR=true", "clusterPolicy.deployCR=false", "driver.enabled=false"]
+DEVICE_CLASS_API = ("--api-versions", "resource.k8s.io/v1/DeviceClass")
+
+
+def dra_driver(rendered: Rendered) -> dict[str, Any]:
+    assert rendered.returncode == 0, rendered.stderr
+    found: dict[str, Any] = rendered.one("GPUCluster", "gpu-cluster")["spec"]["draDriver"]
+    return found
+
+
+@needs_helm
+def test_agents_builtin_runs_our_dra_kubelet_plugin_and_compute_domain_agents(
+    render: Any,
+) -> None:
+    """agents.builtin points the GPUCluster's draDriver at our image, which the operator runs as
+    our dra-kubelet-plugin and compute-domain agents; its own switch wins; a user's image stays."""
+    from gpu_operator import api
+    from gpu_operator.api.gpucluster import GPUCluster
+    from gpu_operator.operands import dra_driver as dra
+    from gpu_operator.operands.facts import ClusterFacts
+
+    default = dra_driver(render([], GPU_CLUSTER, *DEVICE_CLASS_API))
+    assert image(default) == {
+        "repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0",
+    }  # fmt: skip
+    on = render([], [*GPU_CLUSTER, "agents.builtin=true"], *DEVICE_CLASS_API)
+    assert image(dra_driver(on)) == OURS
+    assert not has_builtin_key(on.one("GPUCluster", "gpu-cluster"))
+    assert image(dra_driver(render([], [*GPU_CLUSTER, "draDriver.builtin=true"],
+                                   *DEVICE_CLASS_API))) == OURS  # fmt: skip
+    off = render([], [*GPU_CLUSTER, "agents.builtin=true", "draDriver.builtin=false"],
+                 *DEVICE_CLASS_API)  # fmt: skip
+    assert image(dra_driver(off)) == image(default)
+    mirror = "draDriver.repository=registry.local/nvidia"
+    mine = render([], [*GPU_CLUSTER, "agents.builtin=true", mirror], *DEVICE_CLASS_API)
+    assert dra_driver(mine)["repository"] == "registry.local/nvidia"
+    assert dra_driver(mine)["image"] == "dra-driver-nvidia-gpu"
+
+    # The operator (OPERATOR_IMAGE from the chart) renders that GPUCluster with our commands.
+    env = operator_env(on)
+    checked = api.check_document(on.one("GPUCluster", "gpu-cluster"))
+    assert isinstance(checked.obj, GPUCluster), checked.errors
+    facts = ClusterFacts(namespace="gpu-operator", operator_env=env)
+    objs = {o["metadata"]["name"]: o for o in dra.render(checked.obj, facts).objects()}
+    plugin = objs[dra.PLUGIN_DAEMONSET]["spec"]["template"]["spec"]
+    commands = {c["name"]: c.get("command") for c in plugin["containers"]}
+    assert commands["gpus"] == list(dra.BUILTIN_COMMAND), commands
+    assert commands["compute-domains"] == list(dra.BUILTIN_CD_PLUGIN_COMMAND), commands
+    controller = objs[dra.CONTROLLER]["spec"]["template"]["spec"]["containers"][0]
+    assert controller["command"] == list(dra.BUILTIN_CD_CONTROLLER_COMMAND)
+    assert all(c["image"] == env["OPERATOR_IMAGE"] for c in plugin["containers"])
+    # NVIDIA's image keeps NVIDIA's entry points.
+    checked = api.check_document(render([], GPU_CLUSTER, *DEVICE_CLASS_API)
+                                 .one("GPUCluster", "gpu-cluster"))  # fmt: skip
+    assert isinstance(checked.obj, GPUCluster)
+    objs = {o["metadata"]["name"]: o for o in dra.render(checked.obj, facts).objects()}
+    gpus = objs[dra.PLUGIN_DAEMONSET]["spec"]["template"]["spec"]["containers"][0]
+    assert dra.GPU_PLUGIN_ENTRY in " ".join([*gpus.get("command", []), *gpus.get("args", [])])
 
 
 @needs_helm

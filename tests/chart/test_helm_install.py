@@ -1,6 +1,6 @@
 """The real install path on kubesim (RBAC enforced): `helm install --wait` / `upgrade` /
 `uninstall` of the chart from the checkout, with the operator, its CRD hooks, the node clean-up
-hook and NFD all running as their images would (gpu_operator.demo.install, .nfd).
+hook and NFD all running as their images would (gpudemo.install, .nfd).
 
 Slow (about 10-20 s each on a quiet machine): every test installs the chart with real helm.
 """
@@ -22,9 +22,10 @@ from rich.console import Console
 import kubesim
 from gpu_operator.api import keys
 from gpu_operator.controller import nodelabels
-from gpu_operator.demo import fleet, helm_session, install, nfd, programs, session
 from gpu_operator.kube import node_features
 from gpu_operator.nodes import ledger
+from gpudemo import fleet, helm_session, install, programs, session
+from simhost import nfd
 
 from .conftest import CHART, HELM, NAMESPACE, needs_helm
 
@@ -32,7 +33,9 @@ pytestmark = [needs_helm, needs_kubectl, pytest.mark.slow]
 
 NFD_CHART = CHART / "charts" / "node-feature-discovery"
 CP = "clusterpolicies.nvidia.com"
-OUR_CRDS = ("clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com")
+OUR_CRDS = ("clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com",
+            "computedomains.resource.nvidia.com",
+            "computedomaincliques.resource.nvidia.com")  # fmt: skip
 NFD_CRDS = tuple(f"{p}.nfd.k8s-sigs.io" for p in ("nodefeatures", "nodefeaturerules",
                                                   "nodefeaturegroups"))  # fmt: skip
 GPU_NODES = ("dgx-a100-1", "t4-1")
@@ -292,3 +295,71 @@ async def test_a_reinstall_right_after_uninstall_converges_as_fast_as_the_first_
         ]
         assert not events, events
         assert not sim.auth.denials, list(sim.auth.denials)
+
+
+GC = "gpuclusters.nvidia.com"
+DRA_SETS = [
+    "gpuCluster.deployCR=true", "clusterPolicy.deployCR=false", "driver.enabled=false",
+    "hostPaths.driverInstallDir=/", "draDriver.computeDomains.enabled=false",
+]  # fmt: skip
+
+
+def cluster_status(sim: kubesim.Cluster) -> dict[str, Any]:
+    try:
+        found = sim.store.get(GC, "gpu-cluster") or {}
+    except kubesim.errors.ApiError:
+        return {}
+    return dict(found.get("status") or {})
+
+
+async def test_a_gpucluster_from_the_chart_is_reconciled_and_uninstall_removes_it() -> None:
+    """gpuCluster.deployCR=true with real helm: the chart's DeviceClass API check passes through
+    kubesim's discovery (resource.k8s.io/v1 is served), the operator reconciles the GPUCluster
+    into the DRA driver on the `dra` fleet's 580-driver nodes until it is ready, and `helm
+    uninstall` leaves neither the GPUCluster nor anything it deployed."""
+    from gpu_operator.operands import dra_driver
+
+    async with chart_cluster("dra") as sim:
+        helm = install.Helm(sim.kubeconfig_path, binary=HELM)
+        code, out = await helm.install(CHART, sets=DRA_SETS, wait="3m")
+        assert code == 0, out
+        await sim.wait_for(lambda: cluster_status(sim).get("state") == "ready", timeout=120,
+                           message=f"GPUCluster ready: {cluster_status(sim)}")  # fmt: skip
+        assert sim.store.get(CP, "cluster-policy") is None
+        gpu_nodes = ("a100-mig-1", "t4-1")
+        for name in (dra_driver.PLUGIN_DAEMONSET, dra_driver.VALIDATOR,
+                     dra_driver.DCGM_EXPORTER_DRA):  # fmt: skip
+            ds = sim.store.get("daemonsets", name, namespace=NAMESPACE)
+            assert ds is not None, name
+            assert ds["status"]["numberReady"] == len(gpu_nodes), (name, ds["status"])
+        plugin_pods = pods(sim, f"app={dra_driver.PLUGIN_DAEMONSET}")
+        assert sorted(p["spec"]["nodeName"] for p in plugin_pods) == list(gpu_nodes)
+        assert all(ready(p) for p in plugin_pods)
+        classes = {c["metadata"]["name"] for c in sim.store.list("deviceclasses.resource.k8s.io")}
+        assert {"gpu.nvidia.com", "mig.nvidia.com"} <= classes
+        slices = sim.store.list("resourceslices.resource.k8s.io")
+        assert {s["spec"]["nodeName"] for s in slices} == set(gpu_nodes)
+        for node in gpu_nodes:
+            assert labels(sim, node)[dra_driver.DEPLOY_DRA_DRIVER] == "true"
+        assert not sim.auth.denials, list(sim.auth.denials)
+
+        code, out = await helm.run("uninstall", "gpu-operator", "--wait", "--timeout", "3m")
+        assert code == 0, out
+
+        def gone() -> bool:
+            return (
+                not cluster_status(sim)
+                and sim.store.get("daemonsets", dra_driver.PLUGIN_DAEMONSET,
+                                  namespace=NAMESPACE) is None
+                and sim.store.get("daemonsets", dra_driver.VALIDATOR, namespace=NAMESPACE) is None
+                and not {"gpu.nvidia.com", "mig.nvidia.com"}
+                & {c["metadata"]["name"] for c in sim.store.list("deviceclasses.resource.k8s.io")}
+                and not pods(sim, f"app={dra_driver.PLUGIN_DAEMONSET}")
+            )  # fmt: skip
+
+        await sim.wait_for(gone, timeout=60, message="the GPUCluster and its objects removed")
+        await kubectl(sim, "delete", "crd", *OUR_CRDS, *NFD_CRDS)
+        for node in gpu_nodes:
+            left = labels(sim, node)
+            assert not [k for k in left if k.startswith("nvidia.com/")], left
+        assert not pods(sim, "app.kubernetes.io/component=gpu-operator")

@@ -7,8 +7,9 @@ import re
 from typing import Any
 
 from gpu_operator import api
+from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.images import IMAGE_ENV
-from gpu_operator.operands import nvidiadriver, registry
+from gpu_operator.operands import dra_driver, nvidiadriver, registry
 from gpu_operator.operands.facts import ClusterFacts
 
 from .conftest import CHART, needs_helm
@@ -86,6 +87,15 @@ def all_operand_rbac() -> dict[str, set[str]]:
     ]
     for obj in nvidiadriver.render_accounts(drivers, facts):
         names.setdefault(obj["kind"], set()).add(obj["metadata"]["name"])
+    # A GPUCluster's DRA driver with compute domains and MPS (its controller, kubelet plugin and
+    # IMEX daemon roles), DCGM and the exporter.
+    cluster = GPUCluster.model_validate({"metadata": {"name": "c"}, "spec": {"draDriver": {
+        "repository": "r", "image": "dra-driver-nvidia-gpu", "version": "v25.8.0",
+        "computeDomains": {"enabled": True}, "featureGates": {"MPSSupport": True}},
+        "dcgm": {"enabled": True}, "dcgmExporter": {}}})  # fmt: skip
+    for obj in dra_driver.render(cluster, facts).objects():
+        if obj["kind"] in ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"):
+            names.setdefault(obj["kind"], set()).add(obj["metadata"]["name"])
     return names
 
 
@@ -132,6 +142,8 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_crd_writes(render: Any) ->
             "clusterpolicies.nvidia.com",
             "gpuclusters.nvidia.com",
             "nvidiadrivers.nvidia.com",
+            "computedomains.resource.nvidia.com",
+            "computedomaincliques.resource.nvidia.com",
         }
 
 

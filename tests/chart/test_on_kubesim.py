@@ -79,7 +79,10 @@ async def test_apply_installs_then_upgrades_an_old_crd_without_conflicts(
         again = await crd_install.apply(client, crds.all_crds().values())
     finally:
         await client.close()
-    assert names == again == [CP_CRD, "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com"]
+    assert names == again == [
+        CP_CRD, "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com",
+        "computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com",
+    ]  # fmt: skip
     installed = sim.store.get("customresourcedefinitions", CP_CRD)
     assert installed is not None
     assert not crds.is_older(installed)
@@ -103,6 +106,8 @@ async def test_crds_command_applies_and_deletes_with_the_hook_jobs_rbac(
     )
     assert sim.store.get("customresourcedefinitions", "nvidiadrivers.nvidia.com") is not None
     assert sim.store.get("customresourcedefinitions", "gpuclusters.nvidia.com") is not None
+    for crd in ("computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"):
+        assert sim.store.get("customresourcedefinitions", crd) is not None
     # The upgrade hook's account may touch only our CRDs, and may not delete them.
     code, out = await run(str(KUBECTL), "delete", "crd", CP_CRD, sim=sim, kubeconfig=upgrade)
     assert code != 0
@@ -110,6 +115,7 @@ async def test_crds_command_applies_and_deletes_with_the_hook_jobs_rbac(
     code, out = await run(str(GPU_OPERATOR), "crds", "--delete", sim=sim, kubeconfig=cleanup)
     assert code == 0, out
     assert sim.store.get("customresourcedefinitions", CP_CRD) is None
+    assert sim.store.get("customresourcedefinitions", "computedomains.resource.nvidia.com") is None
     code, out = await run(str(GPU_OPERATOR), "crds", "--delete", sim=sim, kubeconfig=cleanup)
     assert code == 0, out  # nothing left to delete is not an error
 

@@ -12,6 +12,9 @@ import pytest
 import yaml
 
 from gpu_operator.api import check_document, crds
+from gpu_operator.api.images import IMAGE_ENV
+from gpu_operator.operands import dra_driver
+from gpu_operator.operands.facts import ClusterFacts
 from gpu_operator.upgrade import selectors
 from gpu_operator.upgrade.snapshot import owner_from
 
@@ -353,7 +356,7 @@ FAILURES = [
     (["gpuCluster.deployCR=true", "clusterPolicy.deployCR=false"],
      "gpuCluster.deployCR needs driver.nvidiaDriverCRD.enabled=true"),
     (["gpuCluster.deployCR=true", "clusterPolicy.deployCR=false", "driver.enabled=false"],
-     "does not implement the GPUCluster"),
+     "gpuCluster.deployCR=true needs a cluster that serves Dynamic Resource Allocation"),
     (["cdi.enabled=false", "cdi.nriPluginEnabled=true"],
      "cdi.nriPluginEnabled=true needs cdi.enabled=true"),
     (["toolkit.enabled=false", "cdi.nriPluginEnabled=true"],
@@ -388,3 +391,40 @@ def test_chart_crds_are_the_generated_ones() -> None:
             "deploy/crds && cp deploy/crds/*.yaml charts/gpu-operator/crds/`"
         )
     assert {p.name for p in (CHART / "crds").iterdir()} == set(crds.all_crds())
+
+
+GPU_CLUSTER_SETS = ["gpuCluster.deployCR=true", "clusterPolicy.deployCR=false"]
+
+
+@pytest.mark.parametrize("driver", ["driver.enabled=false", "driver.nvidiaDriverCRD.enabled=true"])
+def test_gpucluster_deploy_cr_renders_a_valid_gpucluster_from_the_values(
+    render: Any, driver: str
+) -> None:
+    """gpuCluster.deployCR alone (no ClusterPolicy) renders the GPUCluster `gpu-cluster` from
+    draDriver.*, dcgm.*, dcgmExporter.*, hostPaths.* and daemonsets.*, and it passes the
+    operator's own checks."""
+    sets = [
+        *GPU_CLUSTER_SETS, driver, "draDriver.featureGates.MPSSupport=true",
+        "draDriver.computeDomains.enabled=false", "dcgm.enabled=true",
+        "dcgmExporter.enablePodLabels=true", "hostPaths.kubeletRootDir=/var/lib/k0s/kubelet",
+    ]  # fmt: skip
+    rendered = render([], sets, "--api-versions", "resource.k8s.io/v1/DeviceClass")
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.of_kind("ClusterPolicy") == []
+    doc = rendered.one("GPUCluster", "gpu-cluster")
+    checked = check_document(doc)
+    assert checked.ok, checked.errors
+    spec = doc["spec"]
+    assert spec["draDriver"]["image"] == "dra-driver-nvidia-gpu"
+    assert spec["draDriver"]["featureGates"] == {"MPSSupport": True}
+    assert spec["draDriver"]["computeDomains"] == {"enabled": False}
+    assert spec["dcgm"]["enabled"] is True
+    assert spec["dcgmExporter"]["enabled"] is True
+    assert spec["dcgmExporter"]["enablePodLabels"] is True
+    assert spec["hostPaths"]["kubeletRootDir"] == "/var/lib/k0s/kubelet"
+    assert spec["daemonsets"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # The operator renders it: DCGM and the exporter on admin-access claims.
+    cluster = checked.obj
+    facts = ClusterFacts(operator_env=dict.fromkeys(IMAGE_ENV.values(), "r/i:1"))
+    names = {o["metadata"]["name"] for o in dra_driver.render(cluster, facts).objects()}
+    assert {dra_driver.DCGM_DRA, dra_driver.DCGM_EXPORTER_DRA} <= names

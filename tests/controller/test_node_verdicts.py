@@ -165,3 +165,59 @@ def test_nodes_that_are_gone_or_no_gpu_nodes_are_forgotten() -> None:
         "gpu-0", "gpu-3", "gpu-4",
     ]  # fmt: skip
     assert sorted(memo._memo) == ["gpu-0", "gpu-3", "gpu-4"]
+
+
+def _dra_slice(node: str, devices: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node},
+                 "devices": [{} for _ in range(devices)]},
+    }  # fmt: skip
+
+
+def test_a_dra_node_is_judged_on_the_cached_slices(walks: list[str]) -> None:
+    """A DRA node's verdict reads its ResourceSlices from the cache (not skipped links); only
+    DRA nodes ask for slices, and a slice change walks that node again."""
+    dra_labels = {keys.DRA_NODE: "true", f"{keys.DEPLOY_PREFIX}device-plugin": "false"}
+    nodes = {
+        "gpu-0": gpu_node("gpu-0"),
+        "dra-0": strip.node({
+            "metadata": {"name": "dra-0", "labels": {
+                "feature.node.kubernetes.io/pci-10de.present": "true", keys.GPU_PRESENT: "true",
+                keys.GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3", **DEPLOYED, **dra_labels}},
+            "status": {"capacity": {"cpu": "64"}},
+        }),
+    }  # fmt: skip
+    pods = [pod(n, app) for n in nodes for app in APPS if app != explain.PLUGIN_APP or n == "gpu-0"]
+    published = {"dra-0": (_dra_slice("dra-0", 0),)}
+    asked: list[str] = []
+
+    def slices(name: str) -> tuple[dict[str, Any], ...] | None:
+        asked.append(name)
+        return published.get(name, ())
+
+    memo = NodeVerdicts()
+    by_node = {v.node: v for v in memo.verdicts(nodes.values(), pods, VIEW, slices)}
+    assert asked == ["dra-0"]
+    assert by_node["gpu-0"].usable
+    verdict = by_node["dra-0"]
+    assert verdict.dra
+    assert verdict.failed is not None
+    assert verdict.failed.id == "dra-slices"
+    assert "ResourceSlices with no device" in verdict.failed.summary
+    # The plugin's pod is not in the operator's namespace here: unknown, so skipped.
+    links = {link.id: link for link in verdict.links}
+    assert links["dra-plugin"].status == "skipped"
+    assert links["dra-handover"].status == "ok"  # no GPUs left from a device plugin
+    walks.clear()
+    published["dra-0"] = (_dra_slice("dra-0", 8),)
+    by_node = {v.node: v for v in memo.verdicts(nodes.values(), pods, VIEW, slices)}
+    assert walks == ["dra-0"]
+    assert by_node["dra-0"].usable, by_node["dra-0"].message()
+    links = {link.id: link for link in by_node["dra-0"].links}
+    assert links["dra-slices"].summary == "8 device(s) published in 1 ResourceSlice(s)"
+    # A DRA plugin pod in the operator's namespace that is not ready fails its link.
+    broken = pod("dra-0", explain.DRA_PLUGIN_APP, "container gpus not ready")
+    verdict = memo.verdicts(nodes.values(), [*pods, broken], VIEW, slices)[1]
+    assert verdict.failed is not None
+    assert verdict.failed.id == "dra-plugin"

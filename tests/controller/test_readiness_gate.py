@@ -11,6 +11,7 @@ from kubesim_helpers import kubectl, needs_kubectl
 from operator_harness import GPU_LABELS, NAMESPACE, Env, policy
 
 from gpu_operator.controller import nodelabels
+from gpu_operator.nodes import gate
 from gpu_operator.nodes.gate import StartupTaint
 
 TAINT = StartupTaint("nvidia.com/gpu-not-ready", "NoSchedule", "true")
@@ -105,3 +106,46 @@ async def test_without_the_setting_the_operator_leaves_the_taint_alone(env: Env)
         "tolerations"
     ]
     assert TAINT.toleration() not in tolerations
+
+
+def _dra_slice(env: Env, node: str, devices: int) -> None:
+    """The DRA kubelet plugin's ResourceSlice for the node (gpu.nvidia.com), with `devices`."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}"} for i in range(devices)]},
+    }  # fmt: skip
+    current = env.sim.store.get("resourceslices.resource.k8s.io", body["metadata"]["name"])
+    if current is None:
+        env.sim.store.create(body)
+    else:
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        env.sim.store.update(body)
+
+
+async def test_a_dra_node_opens_once_its_slices_publish_every_gpu(env: Env) -> None:
+    """A DRA node (nvidia.com/dra-kubelet-plugin=true) never advertises allocatable
+    nvidia.com/gpu: the gate opens once its gpu.nvidia.com ResourceSlices publish its GPUs."""
+    labels = {**GPU_LABELS, "nvidia.com/dra-kubelet-plugin": "true", "nvidia.com/gpu.count": "2"}
+    env.sim.add_node("dra-gpu", labels=labels, taints=[dict(TAINT.__dict__)])
+    env.sim.store.create(policy())
+    env.start_operator(startup_taint=TAINT)
+    await env.wait(lambda: _validator_ready(env, "dra-gpu"), "validator Ready on dra-gpu")
+    # The DRA plugin starts with an empty slice (the hand-over), then one GPU of two.
+    _dra_slice(env, "dra-gpu", 0)
+    _dra_slice(env, "dra-gpu", 1)
+    await env.wait(
+        lambda: "1 published" in env.operator.labels.gate_waiting()["dra-gpu"].waiting_for,
+        "the gate counts the published device",
+    )
+    assert any(t["key"] == TAINT.key for t in _taints(env, "dra-gpu"))
+    assert env.operator.labels.gate_waiting()["dra-gpu"].lacking == (gate.NO_DRA_DEVICES,)
+    _dra_slice(env, "dra-gpu", 2)
+    await env.wait(
+        lambda: not any(t["key"] == TAINT.key for t in _taints(env, "dra-gpu")),
+        "startup taint removed",
+    )
+    described = await kubectl(env.sim, "describe", "node", "dra-gpu")
+    assert "validated (DRA devices published, validator Ready)" in described

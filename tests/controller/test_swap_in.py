@@ -28,8 +28,8 @@ from kubesim_helpers import TEST_IMAGES, kubectl, needs_kubectl
 from operator_harness import NAMESPACE, OPERATOR_ENV, Env
 
 import kubesim
-from gpu_operator import adopt_cli
 from gpu_operator.api import crds, keys
+from gpu_operator.cli import adopt
 from gpu_operator.kube.client import FIELD_MANAGER
 from gpu_operator.operands import adoption, driver_digest, takeover
 from gpu_operator.status import conditions
@@ -168,7 +168,7 @@ async def check_the_plan(env: Env, daemonsets: dict[str, dict[str, Any]]) -> Non
     docs/operands.md) or created (our own objects): no pod restarts for that."""
     code, plan = await plan_of(env)
     verdicts = verdicts_of(plan)
-    assert code == adopt_cli.EXIT_CRDS, plan
+    assert code == adopt.EXIT_CRDS, plan
     assert len(plan["crds"]) == len(crds.all_crds()), plan["crds"]
     assert all("has no nvidia.com/gpu-operator-crd-version marker" in p for p in plan["crds"])
     for name in daemonsets:
@@ -177,7 +177,7 @@ async def check_the_plan(env: Env, daemonsets: dict[str, dict[str, Any]]) -> Non
     assert plan["restarts"] == []
     assert {o["verdict"] for o in plan["objects"]} <= {"adopt", "patch", "create"}, plan
     code, table = await adopt_dry_run(env, "table")
-    assert code == adopt_cli.EXIT_CRDS, table
+    assert code == adopt.EXIT_CRDS, table
     assert "DaemonSet/nvidia-driver-daemonset" in table
     assert "0 replace, " in table
     assert "0 delete, 0 blocked; 0 roll" in table

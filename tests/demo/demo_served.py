@@ -15,7 +15,7 @@ from rich.console import Console
 from waiting import within
 
 import kubesim
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
 
 Served = tuple[kubesim.Cluster, programs.Programs, Path]
 

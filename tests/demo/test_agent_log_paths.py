@@ -8,7 +8,7 @@ from pathlib import Path
 from demo_served import run_kubectl, serve_demo
 from kubesim_helpers import needs_kubectl
 
-from gpu_operator.demo import fleet
+from gpudemo import fleet
 
 pytestmark = needs_kubectl
 NS = "gpu-operator"

@@ -20,7 +20,7 @@ from waiting import DEADLINE, eventually
 
 import kubesim
 from gpu_operator import nvml
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
 
 pytestmark = needs_kubectl
 

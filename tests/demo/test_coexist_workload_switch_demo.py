@@ -17,7 +17,7 @@ from waiting import eventually
 import kubesim
 from gpu_operator.api import keys, manifests
 from gpu_operator.controller import nodelabels
-from gpu_operator.demo import fleet
+from gpudemo import fleet
 
 pytestmark = needs_kubectl
 ROOT = Path(__file__).resolve().parents[2]

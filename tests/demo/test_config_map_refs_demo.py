@@ -13,7 +13,7 @@ from demo_served import run_kubectl, serve_demo
 from kubesim_helpers import needs_kubectl
 from waiting import DEADLINE, eventually
 
-from gpu_operator.demo import fleet, session
+from gpudemo import fleet, session
 
 pytestmark = needs_kubectl
 

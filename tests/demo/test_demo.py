@@ -16,7 +16,7 @@ from waiting import DEADLINE, eventually, within
 
 from gpu_operator.api import keys
 from gpu_operator.cli import app
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gpu_operator import __version__, render
+from gpu_operator import __version__
 from gpu_operator.api import upstream_release
-from gpu_operator.cli import app
-from gpu_operator.demo import install, nfd, runtime_boot
+from gpu_operator.cli import app, render
+from gpudemo import install
 from kubesim import ImageCatalog
+from simhost import nfd, runtime_boot
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "charts" / "gpu-operator" / "values.yaml"

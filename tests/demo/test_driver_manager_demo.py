@@ -20,9 +20,9 @@ from kubesim_helpers import KUBECTL, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubesim
-from gpu_operator.agents.pci import simulated
 from gpu_operator.api import keys
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
+from simhost import pci as simulated
 
 pytestmark = needs_kubectl
 NODE = "t4-1"

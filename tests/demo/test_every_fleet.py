@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 from waiting import deadline
 
-from gpu_operator.demo import fleet, install, programs, session
+from gpudemo import fleet, install, programs, session
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / ".tools" / "bin" / "helm"

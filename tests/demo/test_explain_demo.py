@@ -22,8 +22,8 @@ from kubesim_helpers import KUBECTL, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubesim
-from gpu_operator.demo import fleet, session
 from gpu_operator.nodes.coexist import CoexistPolicy
+from gpudemo import fleet, session
 
 pytestmark = needs_kubectl
 NS = session.NAMESPACE

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.demo import fit, fleet, install, session
 from gpu_operator.nodes import gate
 from gpu_operator.nvml import machines
+from gpudemo import fit, fleet, install, session
 
 TAINT = "startup-taint.cluster-autoscaler.kubernetes.io/gpu-not-ready"
 CHART_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpu_operator.api import keys
-from gpu_operator.demo import fleet
+from gpudemo import fleet
 
 
 def test_default_fleet_is_the_documented_mix() -> None:
@@ -38,7 +38,7 @@ def test_fleet_file_with_every_field(tmp_path: Path) -> None:
     plans = fleet.plan_nodes(parsed)
     assert [p.name for p in plans] == ["rhel-a30-1", "rhel-a30-2", "rhel-a30-3", "cpu-1"]
     first = plans[0]
-    # Only what a node is created with: NFD derives the hardware labels (tests/demo/test_nfd.py).
+    # Only what a node is created with: NFD derives the hardware labels (tests/simhost/test_nfd.py).
     assert first.labels == {keys.GPU_WORKLOAD_CONFIG: "vm-passthrough", "team": "ml"}
     assert not any(k.startswith("feature.node.kubernetes.io/") for p in plans for k in p.labels)
     assert first.pool.os == "rhel"

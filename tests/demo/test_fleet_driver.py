@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpu_operator.demo import driver, fleet, session
+from gpudemo import fit, fleet, session
 
 
 def test_the_aks_fleet_has_two_gpu_nodes_with_a_preinstalled_driver_and_a_cpu_node() -> None:
@@ -59,14 +59,14 @@ def test_bad_driver_fields_name_the_pool_and_field(pool: dict[str, object], mess
 def test_an_install_without_the_operators_driver_is_recognised(tmp_path: Path) -> None:
     off = copy.deepcopy(session.DEFAULT_POLICY)
     off["spec"]["driver"] = {"enabled": False}
-    assert driver.driver_disabled(off)
-    assert not driver.driver_disabled(session.DEFAULT_POLICY)
+    assert fit.driver_disabled(off)
+    assert not fit.driver_disabled(session.DEFAULT_POLICY)
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("driver:\n  enabled: false\n")
     second.write_text("driver:\n  enabled: true\n")
-    assert driver.driver_disabled(None, [first])
-    assert not driver.driver_disabled(None, [first, second])  # the last values file wins
-    assert not driver.driver_disabled(None, [tmp_path / "missing.yaml"])
+    assert fit.driver_disabled(None, [first])
+    assert not fit.driver_disabled(None, [first, second])  # the last values file wins
+    assert not fit.driver_disabled(None, [tmp_path / "missing.yaml"])
 
 
 def test_without_the_operators_driver_the_container_gpu_pools_bring_their_own() -> None:
@@ -74,7 +74,7 @@ def test_without_the_operators_driver_the_container_gpu_pools_bring_their_own() 
     off["spec"]["driver"] = {"enabled": False}
     options = session.Options(fleet=fleet.NAMED["kubevirt"], policy=off)
     out = io.StringIO()
-    fitted = driver.fit_fleet(options, Console(file=out, width=200))
+    fitted = fit.fit_fleet(options, Console(file=out, width=200))
     drivers = {p.name: p.driver for p in fitted.fleet.pools}
     assert drivers == {
         "passthrough": "operator", "vgpu-t4": "operator", "vgpu-a30": "operator",
@@ -85,4 +85,53 @@ def test_without_the_operators_driver_the_container_gpu_pools_bring_their_own() 
 
 def test_with_the_operators_driver_the_fleet_is_left_as_it_is() -> None:
     options = session.Options(fleet=fleet.NAMED["small"])
-    assert driver.fit_fleet(options, Console(file=io.StringIO())).fleet == fleet.NAMED["small"]
+    assert fit.fit_fleet(options, Console(file=io.StringIO())).fleet == fleet.NAMED["small"]
+
+
+def test_a_pool_with_a_preinstalled_580_driver_has_nvml_report_580() -> None:
+    """The machine emulates the pool's host driver: its NVML, nvidia-smi and MIG profiles follow
+    the 580 branch even before (or without) the host's loaded driver is probed."""
+    from gpu_operator.nvml import mock
+
+    pool = fleet.parse(
+        {"pools": [{"name": "a", "machine": "dgx-a100", "driver": "preinstalled",
+                    "driverVersion": "580.95.05"}]}
+    ).pools[0]  # fmt: skip
+    spec = pool.machine_spec()
+    assert spec is not None
+    assert (spec.driver_version, spec.cuda_driver_version) == ("580.95.05", 13000)
+    assert spec.driver_branch == 580
+    lib = mock.MockMachine(spec).nvml()
+    lib.init()
+    try:
+        assert lib.driver_version() == "580.95.05"
+        assert lib.cuda_driver_version() == 13000
+        assert lib.nvml_version() == "13.580.95.05"
+    finally:
+        lib.shutdown()
+    # A pool of the operator's driver keeps the machine's own (the driver image decides).
+    plain = fleet.parse({"pools": [{"name": "a", "machine": "dgx-a100"}]}).pools[0].machine_spec()
+    assert plain is not None
+    assert plain.driver_version == "550.54.15"
+
+
+async def test_the_demo_builds_the_dra_fleets_machines_with_their_580_driver() -> None:
+    import kubesim
+    from gpudemo import helm_session, programs
+
+    options = session.Options(fleet=fleet.NAMED["dra"], timing=programs.Timing(scale=0.0))
+    demo = session.Demo(options, Console(file=io.StringIO()))
+    async with kubesim.Cluster(kubelet=session.kubelet_config(options)) as sim:
+        nodes = helm_session.prepare(sim, demo)
+        machines = {n: s.machine for n, s in nodes.nodes.items() if s.machine is not None}
+        assert sorted(machines) == ["a100-mig-1", "t4-1"]
+        for name, machine in machines.items():
+            assert machine.spec.driver_version == fleet.DRA_HOST_DRIVER, name
+            machine.driver_probe = None  # what the machine itself emulates, not the host files
+            lib = machine.nvml()
+            lib.init()
+            try:
+                assert lib.driver_version() == fleet.DRA_HOST_DRIVER, name
+                assert lib.nvml_version().endswith(fleet.DRA_HOST_DRIVER), name
+            finally:
+                lib.shutdown()

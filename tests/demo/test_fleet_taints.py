@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.demo import fleet
+from gpudemo import fleet
 
 
 def test_a_pool_registers_its_nodes_with_its_taints() -> None:

@@ -21,7 +21,7 @@ from rich.console import Console
 from waiting import DEADLINE, eventually, within
 
 import kubesim
-from gpu_operator.demo import fleet, programs, session
+from gpudemo import fleet, programs, session
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from waiting import eventually
 
 from gpu_operator.cli import app
-from gpu_operator.demo import fleet
+from gpudemo import fleet
 
 pytestmark = needs_kubectl
 FAKE = "images.my-company.example/app:v4"

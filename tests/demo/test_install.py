@@ -11,7 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.demo import fleet, install, programs, session
+from gpudemo import fleet, install, programs, session
 
 ROOT = Path(__file__).resolve().parents[2]
 

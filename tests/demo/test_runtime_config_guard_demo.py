@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from test_toolkit_demo import CONFIG, HELM, NVIDIA_HANDLERS, Served, served
 
-from gpu_operator.demo import install, runtime_boot, session
+from gpudemo import install, session
+from simhost import runtime_boot
 
 NODE = "a100-1"
 ORIGINAL = runtime_boot.ORIGINALS["containerd-2"]["/" + CONFIG]

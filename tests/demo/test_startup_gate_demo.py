@@ -25,7 +25,7 @@ from rich.console import Console
 from waiting import DEADLINE, deadline, eventually
 
 from gpu_operator.controller import nodelabels
-from gpu_operator.demo import fleet, install, programs, session
+from gpudemo import fleet, install, programs, session
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "charts" / "gpu-operator" / "ci" / "startup-taint-values.yaml"

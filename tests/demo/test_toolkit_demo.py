@@ -19,7 +19,7 @@ from rich.console import Console
 from waiting import DEADLINE, eventually
 
 import kubesim
-from gpu_operator.demo import fleet, install, programs, session
+from gpudemo import fleet, install, programs, session
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"

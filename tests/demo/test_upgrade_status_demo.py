@@ -16,9 +16,9 @@ from demo_served import run_kubectl, serve_demo
 from kubesim_helpers import needs_kubectl
 from waiting import DEADLINE, eventually
 
-from gpu_operator.demo import fleet
 from gpu_operator.status import conditions
 from gpu_operator.upgrade import states
+from gpudemo import fleet
 from kubesim.store import Event
 
 HELM = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "helm"
@@ -75,17 +75,26 @@ async def test_a_planned_driver_upgrade_on_the_demo_pages_nobody(tmp_path: Path)
                 "-p", json.dumps({"spec": {"driver": {"version": "580.105.08"}}}),
             )  # fmt: skip
 
+            last: dict[str, Any] = {}
+
             async def upgraded() -> bool:
+                last["ready seen"] = [c.get("Ready", {}).get("status") for c in seen][-6:]
+                last["node states"] = upgrade_states()
                 if not any(c.get("Ready", {}).get("status") == "False" for c in seen):
                     return False  # not started yet
                 out = await kubectl(
                     kubeconfig, "get", "clusterpolicy", "cluster-policy", "-o",
                     "jsonpath={.status.state}",
                 )  # fmt: skip
+                last["policy state"] = out
                 done = set(upgrade_states().values()) == {states.UPGRADE_DONE}
                 return done and out == "ready"
 
-            await eventually(upgraded, "the upgrade done and the policy ready", timeout=DEADLINE)
+            # On expiry, say which was behind: the nodes' states or the policy's status.
+            await eventually(
+                upgraded, "the upgrade done and the policy ready", timeout=DEADLINE,
+                state=lambda: dict(last),
+            )  # fmt: skip
         finally:
             stop()
         errors = [c["Error"] for c in seen if c.get("Error", {}).get("status") == "True"]

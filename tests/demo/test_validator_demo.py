@@ -16,8 +16,8 @@ from kubesim_helpers import needs_kubectl
 from waiting import DEADLINE
 
 import kubesim
-from gpu_operator.demo import fleet, session
-from gpu_operator.demo import validator as validator_demo
+from gpudemo import fleet, session
+from gpudemo import validator as validator_demo
 
 pytestmark = needs_kubectl
 

@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 
 from gpu_operator.api import crds, keys
-from gpu_operator.demo import view
 from gpu_operator.nvml import machines
+from gpudemo import view
 from kubesim.store import Store
 
 POLICIES = "clusterpolicies.nvidia.com"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from gpu_operator.api import keys, manifests
 from gpu_operator.cli import app
-from gpu_operator.demo import fleet, programs, session, view
+from gpudemo import fleet, programs, session, view
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSTHROUGH_FLEET = """pools:

@@ -17,7 +17,7 @@ import pytest
 from builtin_commands import HELM, programs, rendered_operands
 
 from gpu_operator.agents import entrypoints
-from gpu_operator.render import CHART_OPERATOR_ENV
+from gpu_operator.cli.render import CHART_OPERATOR_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -99,3 +99,16 @@ async def test_command_waits_for_the_operator_pods_then_cleans_every_node() -> N
             assert keys.GPU_PRESENT not in meta["labels"]
             assert meta["labels"]["keep"] == "me"
             assert ledger.ANNOTATION not in (meta.get("annotations") or {})
+
+
+def test_node_patch_removes_the_gpuclusters_deploy_labels_it_wrote() -> None:
+    """The GPUCluster's deploy labels (always "true" when it writes them) and the gpu.present it
+    writes with them on an NFD GPU node go; a person's "false" stays."""
+    from gpu_operator.operands import dra_driver
+
+    labels = {**dict.fromkeys(dra_driver.DEPLOY_LABELS, "true"), keys.GPU_PRESENT: "true",
+              keys.NFD_GPU_LABELS[0]: "true", "team": "ml"}  # fmt: skip
+    removed = node_cleanup.node_patch(labels, {})["metadata"]["labels"]
+    assert removed == dict.fromkeys([*dra_driver.DEPLOY_LABELS, keys.GPU_PRESENT])
+    kept = {dra_driver.DEPLOY_DRA_DRIVER: "false", keys.GPU_PRESENT: "true"}
+    assert node_cleanup.node_patch(kept, {}) == {}

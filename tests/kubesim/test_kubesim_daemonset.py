@@ -12,6 +12,7 @@ from kubesim_helpers import TEST_IMAGES, daemonset, instant, kubectl, needs_kube
 from waiting import DEADLINE, eventually
 
 import kubesim
+from kubesim import defaults
 from kubesim.controllers import daemonset as ds_module
 from kubesim.controllers.daemonset import DaemonSetController
 
@@ -94,6 +95,28 @@ async def test_labelling_one_node_creates_one_pod_and_syncs_only_that_node(
     assert set(seen) == {"node-7"}
     assert len(seen) <= 3
     assert controller(sim).full_walks == walks
+
+
+async def test_daemon_pods_share_the_defaulted_prototype_and_are_not_defaulted_per_pod(
+    fleet: kubesim.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    defaulted: list[int] = []
+    original = defaults.pod_spec_defaults
+
+    def spy(spec: dict[str, Any]) -> None:
+        defaulted.append(id(spec))
+        original(spec)
+
+    monkeypatch.setattr(defaults, "pod_spec_defaults", spy)
+    fleet.store.create(daemonset("agent", hostNetwork=True))
+    await settled_available(fleet, "agent", NODES)
+    # The DaemonSet's template and the prototype's dry run, not once per node's pod.
+    assert len(defaulted) < NODES // 3
+    pod = pods_of(fleet, "agent")[0]
+    spec = pod["spec"]
+    assert spec["dnsPolicy"] == "ClusterFirst"
+    assert spec["containers"][0]["terminationMessagePolicy"] == "File"
+    assert pod["status"]["qosClass"] == "BestEffort"
 
 
 async def test_unlabelling_a_node_deletes_only_its_pod(fleet: kubesim.Cluster) -> None:

@@ -173,6 +173,25 @@ def test_catalog_patterns_add_images_and_registries() -> None:
         catalog.add_registry("host/path")
 
 
+def test_remembered_pull_answers_follow_catalog_changes() -> None:
+    # Answers are remembered per image (thousands of nodes pull the same few): a registry or an
+    # image added later changes them at once, and an unparsable name keeps its error.
+    catalog = images.ImageCatalog(defaults=False, registries=())
+    unreachable = catalog.pull("mirror.example:5000/app:1")
+    assert unreachable is not None
+    assert "no such host" in unreachable.message
+    assert catalog.pull("mirror.example:5000/app:1") == unreachable
+    catalog.add_registry("mirror.example:5000")
+    missing = catalog.pull("mirror.example:5000/app:1")
+    assert missing is not None
+    assert missing.code == "NotFound"
+    catalog.add("mirror.example:5000/app:*")
+    assert catalog.pull("mirror.example:5000/app:1") is None
+    for _ in range(2):
+        with pytest.raises(images.InvalidReference, match="must be lowercase"):
+            images.parse("Example/App:1")
+
+
 def test_image_back_off_doubles_from_10s_to_the_5_minute_cap_and_starts_over() -> None:
     delays: list[float] = []
     delay: float | None = None

@@ -695,3 +695,43 @@ async def test_node_filesystems_can_be_turned_off_for_scale_runs() -> None:
         await until_phase(sim, "unchecked", "Running")
         with pytest.raises(RuntimeError, match="node_filesystems=False"):
             sim.node_root("node-1")
+
+
+async def test_status_writes_of_many_pods_give_the_loop_a_turn_every_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thousand pods settling at once wrote their statuses in one 0.1 s callback, holding the
+    API server's loop; now the kubelet writes a slice's worth and continues on the next turn."""
+    from kubesim.controllers import kubelet as kubelet_module
+    from kubesim.store import Store
+
+    monkeypatch.setattr(kubelet_module, "SLICE_SECONDS", 0.0)  # a slice is one pod
+    writes = 0
+    replace = Store.replace
+
+    def counting(self: Store, *args: Any, **kwargs: Any) -> Any:
+        nonlocal writes
+        if kwargs.get("subresource") == "status":
+            writes += 1
+        return replace(self, *args, **kwargs)
+
+    flushes: list[tuple[int, int]] = []  # (pods waiting, status writes) per call
+    flush = kubelet_module.Kubelet._flush
+
+    def recording(self: kubelet_module.Kubelet) -> None:
+        waiting, before = len(self._dirty), writes
+        flush(self)
+        flushes.append((waiting, writes - before))
+
+    monkeypatch.setattr(Store, "replace", counting)
+    monkeypatch.setattr(kubelet_module.Kubelet, "_flush", recording)
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
+        names = [f"p{i}" for i in range(30)]
+        for name in names:
+            sim.store.create(pod(name))
+        await eventually(
+            lambda: all(get(sim, n).get("status", {}).get("phase") == "Running" for n in names),
+            "every pod Running",
+        )
+    assert max(waiting for waiting, _ in flushes) > 1  # several pods settled together
+    assert max(written for _, written in flushes) == 1

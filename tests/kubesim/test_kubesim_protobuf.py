@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 from waiting import DEADLINE, within
 
 import kubesim
+from kubesim import list_encoding
 from kubesim.protobuf import codec, registry, wire
 from kubesim.protobuf.registry import Type
 from kubesim.resources import BUILTINS
+from kubesim.store import Page, Stored
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
@@ -444,6 +446,268 @@ def test_objects_of_every_kind_survive_encode_decode(api_version: str, kind: str
         assert CODEC.decode_object(CODEC.encode_object(decoded)) == decoded
 
     round_trip()
+
+
+# ----- the compiled encoders ----------------------------------------------------------------------
+
+
+class SchemaWalk(codec.Codec):
+    """The codec without its compiled encoders: every message walks the schema."""
+
+    def encode_message(self, message: registry.Message, value: Any, path: str) -> bytes:
+        return self.walk_message(message, value, path)
+
+
+WALK = SchemaWalk()
+
+
+@pytest.mark.parametrize(("api_version", "kind"), _KINDS, ids=[f"{a}/{k}" for a, k in _KINDS])
+def test_compiled_encoders_write_what_the_schema_walk_writes(api_version: str, kind: str) -> None:
+    message = SCHEMAS.kind(api_version, kind)
+    assert message is not None
+    compiled = CODEC._compiler().encoder(message.name)
+
+    @settings(
+        max_examples=12,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(body=_message(message.name, 0))
+    def same_bytes(body: dict[str, Any]) -> None:
+        obj = {"kind": kind, "apiVersion": api_version, **body}
+        # The compiled function itself (no schema-walk fallback) encodes every valid value.
+        assert bytes(compiled(obj)) == WALK.walk_message(message, obj, kind)
+        assert CODEC.encode_object(obj) == WALK.encode_object(obj)
+
+    same_bytes()
+
+
+DRIVER_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "nvidia-driver-daemonset-x7k2p",
+        "generateName": "nvidia-driver-daemonset-",
+        "namespace": "gpu-operator",
+        "uid": "0b7c6a9e-3f51-4f0e-9a55-2f4d1c8b7e10",
+        "resourceVersion": "48213",
+        "creationTimestamp": "2026-05-01T10:00:00Z",
+        "labels": {"app": "nvidia-driver-daemonset", "controller-revision-hash": "5d9f8"},
+        "annotations": {"kubectl.kubernetes.io/default-container": "nvidia-driver-ctr"},
+        "ownerReferences": [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "name": "nvidia-driver-daemonset",
+                "uid": "5a0c2d4e-8b7f-4c1e-a3d2-9e8f7a6b5c4d",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+        "managedFields": [
+            {
+                "manager": "kube-controller-manager",
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": "2026-05-01T10:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}},
+            }
+        ],
+    },
+    "spec": {
+        "volumes": [
+            {
+                "name": "run-nvidia",
+                "hostPath": {"path": "/run/nvidia", "type": "DirectoryOrCreate"},
+            },
+            {
+                "name": "kube-api-access",
+                "projected": {
+                    "defaultMode": 420,
+                    "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {
+                            "configMap": {
+                                "name": "kube-root-ca.crt",
+                                "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                            }
+                        },
+                    ],
+                },
+            },
+        ],
+        "containers": [
+            {
+                "name": "nvidia-driver-ctr",
+                "image": "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04",
+                "command": ["nvidia-driver"],
+                "args": ["init"],
+                "env": [
+                    {
+                        "name": "NODE_NAME",
+                        "valueFrom": {
+                            "fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}
+                        },
+                    }
+                ],
+                "resources": {"limits": {"memory": "2Gi"}, "requests": {"cpu": "100m"}},
+                "volumeMounts": [
+                    {
+                        "name": "run-nvidia",
+                        "mountPath": "/run/nvidia",
+                        "mountPropagation": "Bidirectional",
+                    }
+                ],
+                "startupProbe": {
+                    "exec": {"command": ["sh", "/usr/local/bin/nvidia-driver", "probe"]},
+                    "initialDelaySeconds": 60,
+                    "timeoutSeconds": 60,
+                    "periodSeconds": 10,
+                    "successThreshold": 1,
+                    "failureThreshold": 120,
+                },
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+                "securityContext": {"privileged": True, "seLinuxOptions": {"level": "s0"}},
+            }
+        ],
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "dnsPolicy": "ClusterFirst",
+        "nodeSelector": {"nvidia.com/gpu.deploy.driver": "true"},
+        "serviceAccountName": "nvidia-driver",
+        "nodeName": "gpu-00017",
+        "hostPID": True,
+        "priorityClassName": "system-node-critical",
+        "priority": 2000001000,
+        "tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+        ],
+        "enableServiceLinks": True,
+        "preemptionPolicy": "PreemptLowerPriority",
+    },
+    "status": {
+        "phase": "Running",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": "2026-05-01T10:00:07Z",
+            },
+        ],
+        "hostIP": "10.0.0.17",
+        "podIP": "10.0.0.17",
+        "podIPs": [{"ip": "10.0.0.17"}],
+        "startTime": "2026-05-01T10:00:01Z",
+        "containerStatuses": [
+            {
+                "name": "nvidia-driver-ctr",
+                "state": {"running": {"startedAt": "2026-05-01T10:00:02Z"}},
+                "lastState": {},
+                "ready": True,
+                "restartCount": 0,
+                "image": "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04",
+                "imageID": "nvcr.io/nvidia/driver@sha256:" + "ab" * 32,
+                "containerID": "containerd://" + "cd" * 32,
+                "started": True,
+            }
+        ],
+        "qosClass": "Burstable",
+    },
+}
+
+
+def test_a_driver_pod_is_encoded_without_walking_the_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    expected = WALK.encode_object(DRIVER_POD)
+
+    def no_walk(*args: Any) -> bytes:
+        raise AssertionError("the schema walk ran for a pod the compiled encoders can encode")
+
+    monkeypatch.setattr(codec.Codec, "walk_message", no_walk)
+    assert CODEC.encode_object(DRIVER_POD) == expected
+
+
+def test_values_the_compiled_encoders_are_unsure_of_take_the_schema_walk() -> None:
+    class Label(str):
+        pass
+
+    pod = json.loads(json.dumps(DRIVER_POD))
+    # Valid, but not the plain JSON types the compiled code expects: same bytes as the walk.
+    pod["spec"]["terminationGracePeriodSeconds"] = 30.0
+    pod["metadata"]["labels"][Label("tier")] = Label("gpu")
+    pod["spec"]["containers"][0]["args"] = [Label("init")]
+    assert CODEC.encode_object(pod) == WALK.encode_object(pod)
+    # Invalid: the walk's error names the field.
+    bad = json.loads(json.dumps(DRIVER_POD))
+    bad["spec"]["containers"][0]["ports"] = [{"containerPort": "http"}]
+    with pytest.raises(codec.ProtobufError, match=r"containers\[0\]\.ports\[0\]\.containerPort"):
+        CODEC.encode_object(bad)
+    bad = json.loads(json.dumps(DRIVER_POD))
+    bad["spec"]["hostPID"] = "yes"
+    with pytest.raises(codec.ProtobufError, match=r"spec\.hostPID: expected a boolean"):
+        CODEC.encode_object(bad)
+    bad = json.loads(json.dumps(DRIVER_POD))
+    bad["spec"]["priority"] = 1 << 40
+    with pytest.raises(codec.ProtobufError, match=r"spec\.priority: .* does not fit in int32"):
+        CODEC.encode_object(bad)
+    bad = json.loads(json.dumps(DRIVER_POD))
+    bad["metadata"]["labels"] = ["app"]
+    with pytest.raises(codec.ProtobufError, match=r"metadata\.labels: expected an object"):
+        CODEC.encode_object(bad)
+
+
+async def test_a_protobuf_list_reencodes_a_changed_pod_but_not_its_unchanged_spec(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pods = next(rt for rt in BUILTINS if rt.kind == "Pod")
+    first = Stored(json.loads(json.dumps(DRIVER_POD)))
+    await list_encoding.protobuf_body(pods, Page([first], 100, None, None))
+    # A status write: a new stored version, the same spec.
+    second_obj = json.loads(json.dumps(DRIVER_POD))
+    second_obj["metadata"]["resourceVersion"] = "48300"
+    second_obj["status"]["phase"] = "Succeeded"
+    second = Stored(second_obj)
+    encoded: list[str] = []
+    encode_field = codec.Codec.encode_field
+
+    def counting(
+        self: codec.Codec, message: registry.Message, f: registry.Field, value: Any, path: str
+    ) -> bytes:
+        encoded.append(f"{message.name.rsplit('.', 1)[-1]}.{f.json}")
+        return encode_field(self, message, f, value, path)
+
+    monkeypatch.setattr(codec.Codec, "encode_field", counting)
+    body = await list_encoding.protobuf_body(pods, Page([second], 101, None, None))
+    assert encoded == ["Pod.metadata", "Pod.status"]  # the spec: the first version's bytes
+    whole = {
+        "apiVersion": "v1",
+        "kind": "PodList",
+        "metadata": {"resourceVersion": "101"},
+        "items": [second_obj],
+    }
+    assert body == WALK.encode_object(whole)
+    # Another pod of the DaemonSet: a new spec, its containers and volumes encoded before.
+    third_obj = json.loads(json.dumps(DRIVER_POD))
+    third_obj["metadata"]["name"] = "nvidia-driver-daemonset-q9v4m"
+    third_obj["spec"]["nodeName"] = "gpu-00018"
+    encoded.clear()
+    body = await list_encoding.protobuf_body(pods, Page([Stored(third_obj)], 102, None, None))
+    assert "PodSpec.nodeName" in encoded
+    assert "PodSpec.containers" not in encoded
+    assert "PodSpec.volumes" not in encoded
+    whole = {**whole, "metadata": {"resourceVersion": "102"}, "items": [third_obj]}
+    assert body == WALK.encode_object(whole)
 
 
 # ----- the server over HTTP ---------------------------------------------------------------------

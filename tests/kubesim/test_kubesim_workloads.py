@@ -15,7 +15,10 @@ from kubesim_helpers import Api, instant, kubectl, needs_kubectl
 from waiting import DEADLINE, eventually
 
 import kubesim
-from kubesim import cron, errors, tables
+from kubesim import columns, cron, errors
+from kubesim.controllers import endpoints as endpoints_controller
+from kubesim.controllers.endpoints import batch_delay
+from kubesim.controllers.endpointslice import EndpointSliceController
 from kubesim.controllers.kubelet import PodContext
 
 TASK = "example/task"
@@ -423,6 +426,135 @@ async def test_service_without_selector_gets_no_managed_endpoints(
     await sim.settle(timeout=DEADLINE)
     assert sim.store.get("endpoints", "manual", "default") is None
     assert sim.store.list("endpointslices", "default", "kubernetes.io/service-name=manual") == []
+
+
+async def test_endpoints_sync_rederives_only_changed_pods_and_keeps_same_ip_pods_apart(
+    endpoint_sim: kubesim.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = endpoint_sim
+    sim.store.create(service("web", selector={"app": "web"}, ports=[{"port": 80}]))
+    for index in range(120):
+        add_pod(sim, endpoint_pod(f"p{index:03d}", f"10.1.0.{index + 2}", ready=True))
+    # Two host-network pods share their node's IP: upstream keys addresses by IP and pod.
+    add_pod(sim, endpoint_pod("host-a", "10.2.0.1", ready=True))
+    add_pod(sim, endpoint_pod("host-b", "10.2.0.1", ready=True))
+
+    def addresses(field: str = "addresses") -> list[Any]:
+        found = sim.store.get("endpoints", "web", "default") or {}
+        return [a for s in found.get("subsets") or [] for a in s.get(field) or []]
+
+    await sim.wait_for(lambda: len(addresses()) == 122, DEADLINE)
+    assert [a["targetRef"]["name"] for a in addresses()][-2:] == ["host-a", "host-b"]
+    await sim.settle(timeout=DEADLINE)
+    derived: list[str] = []
+    original = endpoints_controller._address
+
+    def address(service: dict[str, Any], pod: dict[str, Any]) -> Any:
+        derived.append(pod["metadata"]["name"])
+        return original(service, pod)
+
+    monkeypatch.setattr(endpoints_controller, "_address", address)
+    pod = sim.store.get("pods", "p050", "default")
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    sim.store.update(pod, status=True)
+    await sim.wait_for(
+        lambda: [a["targetRef"]["name"] for a in addresses("notReadyAddresses")] == ["p050"],
+        DEADLINE,
+    )
+    assert derived == ["p050"]
+    ips = [a["ip"] for a in addresses()]
+    assert len(ips) == 121
+    assert ips[:2] == ["10.1.0.2", "10.1.0.3"]
+    assert "10.1.0.52" not in ips
+    sim.store.delete("pods", "host-a", "default")
+    await sim.wait_for(
+        lambda: (
+            [a["targetRef"]["name"] for a in addresses()][-1:] == ["host-b"]
+            and len(addresses()) == 120
+        ),
+        DEADLINE,
+    )
+
+
+async def test_endpointslice_zone_follows_its_node_zone_label_without_a_pod_change(
+    endpoint_sim: kubesim.Cluster,
+) -> None:
+    sim = endpoint_sim
+    zone = "topology.kubernetes.io/zone"
+    sim.store.create(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1", "labels": {zone: "a"}}}
+    )
+    sim.store.create(service("web", selector={"app": "web"}))
+    add_pod(sim, endpoint_pod("a", "10.1.0.2", ready=True))
+    add_pod(sim, endpoint_pod("b", "10.1.0.3", ready=True))
+
+    def zones() -> list[Any]:
+        found = sim.store.list("endpointslices", "default", "kubernetes.io/service-name=web")
+        return [e.get("zone") for s in found for e in s.get("endpoints") or []]
+
+    await sim.wait_for(lambda: zones() == ["a", "a"], DEADLINE)
+    node = sim.store.get("nodes", "node-1")
+    node["metadata"]["labels"][zone] = "b"
+    sim.store.update(node)
+    # The real controller watches nodes: the slice follows the zone with no pod changing.
+    await sim.wait_for(lambda: zones() == ["b", "b"], DEADLINE)
+    node = sim.store.get("nodes", "node-1")
+    del node["metadata"]["labels"][zone]
+    sim.store.update(node)
+    await sim.wait_for(lambda: zones() == [None, None], DEADLINE)
+    endpoint = sim.store.list("endpointslices", "default", "kubernetes.io/service-name=web")[0][
+        "endpoints"
+    ][0]
+    assert list(endpoint) == ["addresses", "conditions", "nodeName", "targetRef"]
+
+
+async def test_endpointslice_sync_rederives_only_changed_pods_and_ignores_its_own_writes(
+    endpoint_sim: kubesim.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = endpoint_sim
+    sim.store.create(service("web", selector={"app": "web"}))
+    for index in range(150):
+        add_pod(sim, endpoint_pod(f"p{index:03d}", f"10.1.{index // 100}.{index % 100 + 2}",
+                                  ready=True))  # fmt: skip
+    selector = "kubernetes.io/service-name=web"
+
+    def listed() -> list[Any]:
+        found = sim.store.list("endpointslices", "default", selector)
+        return [e for s in found for e in s.get("endpoints") or []]
+
+    await sim.wait_for(lambda: len(listed()) == 150, DEADLINE)
+    await sim.settle(timeout=DEADLINE)
+    controller = sim.controllers["endpointslice"]
+    assert isinstance(controller, EndpointSliceController)
+    derived: list[str] = []
+    syncs: list[Any] = []
+    original_entry, original_reconcile = controller._entry, controller.reconcile
+
+    def entry(service: dict[str, Any], pod: dict[str, Any]) -> Any:
+        derived.append(pod["metadata"]["name"])
+        return original_entry(service, pod)
+
+    def reconcile(key: Any) -> None:
+        syncs.append(key)
+        original_reconcile(key)
+
+    monkeypatch.setattr(controller, "_entry", entry)
+    monkeypatch.setattr(controller, "reconcile", reconcile)
+    pod = sim.store.get("pods", "p007", "default")
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    sim.store.update(pod, status=True)
+    await sim.wait_for(
+        lambda: any(e["targetRef"]["name"] == "p007" and not e["conditions"]["ready"]
+                    for e in listed()),
+        DEADLINE,
+    )  # fmt: skip
+    # A requeue would come after the batch delay of 150 pods (batch_delay: 0.03 s).
+    await asyncio.sleep(10 * batch_delay(150))
+    await sim.settle(timeout=DEADLINE)
+    assert derived == ["p007"]
+    # One sync for the pod change; the slice write it made does not queue another.
+    assert syncs == [("default", "web")]
+    assert [e["addresses"][0] for e in listed()][:3] == ["10.1.0.2", "10.1.0.3", "10.1.0.4"]
 
 
 # ----- Jobs -------------------------------------------------------------------------------------
@@ -1273,7 +1405,7 @@ async def test_daemonset_records_pod_create_and_delete_events(sim: kubesim.Clust
 
 
 def test_durations_are_written_like_the_real_printers() -> None:
-    assert [tables.duration(s) for s in (-5, -1, 59, 119, 125, 600, 10000, 18060, 100000)] == [
+    assert [columns.duration(s) for s in (-5, -1, 59, 119, 125, 600, 10000, 18060, 100000)] == [
         "<invalid>",
         "0s",
         "59s",
@@ -1284,9 +1416,9 @@ def test_durations_are_written_like_the_real_printers() -> None:
         "5h1m",
         "27h",
     ]
-    assert tables.duration(3 * 86400 + 3600) == "3d1h"
-    assert tables.duration(400 * 86400) == "400d"
-    assert tables.duration(800 * 86400) == "2y70d"
+    assert columns.duration(3 * 86400 + 3600) == "3d1h"
+    assert columns.duration(400 * 86400) == "400d"
+    assert columns.duration(800 * 86400) == "2y70d"
 
 
 async def table(api: Api, path: str, wide: bool = False) -> tuple[list[str], list[list[Any]]]:

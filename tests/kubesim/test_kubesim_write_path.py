@@ -9,6 +9,7 @@ import asyncio
 import copy
 import json
 import os
+import uuid
 from typing import Any
 from unittest import mock
 
@@ -21,7 +22,7 @@ from waiting import DEADLINE, within
 import kubesim
 from kubesim import managed_fields as mf
 from kubesim import schema, selectors, ssa
-from kubesim.store import Store, Stored, Watcher, dumps
+from kubesim.store import Store, Stored, Watcher, dumps, new_uid
 from kubesim.validation import duplicates, syntax
 
 MERGE = "application/merge-patch+json"
@@ -466,3 +467,17 @@ async def test_kubectl_watches_see_the_changes_of_their_namespace_only(
         for watch in watches:
             watch.kill()
             await watch.wait()
+
+
+# ----- uids ------------------------------------------------------------------------------------
+
+
+def test_new_uids_are_random_version_4_uuids_spelled_as_uuid_spells_them() -> None:
+    made = [new_uid() for _ in range(5000)]
+    assert len(set(made)) == len(made)
+    for text in made:
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == text
+    stored = Store().create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}})
+    assert uuid.UUID(stored["metadata"]["uid"]).version == 4

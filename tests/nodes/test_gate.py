@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpu_operator.nodes import gate
@@ -116,3 +118,37 @@ def test_the_waiting_summary_counts_the_names_it_does_not_show() -> None:
         "12 node(s) wait at the startup gate: node-00, node-01, node-02 and 9 more "
         "(no allocatable GPUs)"
     )
+
+
+def test_a_dra_node_opens_once_its_slices_publish_every_gpu() -> None:
+    """A DRA node has no allocatable nvidia.com/gpu (the device plugin is off there): its GPUs
+    count once its gpu.nvidia.com ResourceSlices publish as many devices as it has GPUs."""
+    base = GateFacts(taints=[OURS], validator_ready=True, dra=True, gpus=4)
+    assert gate.plan(dataclasses.replace(base, dra_devices=4), TAINT).remove
+    assert gate.plan(dataclasses.replace(base, dra_devices=28), TAINT).remove  # MIG devices
+    partial = gate.plan(dataclasses.replace(base, dra_devices=2), TAINT)
+    assert not partial.remove
+    assert partial.lacking == (gate.NO_DRA_DEVICES,)
+    assert "4 device(s) in its gpu.nvidia.com ResourceSlices (2 published)" in partial.waiting_for
+    unread = gate.plan(base, TAINT)  # resource.k8s.io/v1 not served: nothing publishes
+    assert not unread.remove
+    assert unread.lacking == (gate.NO_SLICES,)
+    # The GPU count unknown (no GFD, no capacity): one published device is enough.
+    unknown = dataclasses.replace(base, gpus=0)
+    assert not gate.plan(dataclasses.replace(unknown, dra_devices=0), TAINT).remove
+    assert gate.plan(dataclasses.replace(unknown, dra_devices=1), TAINT).remove
+    # Allocatable GPUs do not open a DRA node's gate: DRA publishes nothing while they remain.
+    served = dataclasses.replace(base, gpu_allocatable=4, dra_devices=0)
+    assert gate.plan(served, TAINT).lacking == (gate.NO_DRA_DEVICES,)
+
+
+def test_node_gpus_and_slice_devices() -> None:
+    assert gate.node_gpus({"nvidia.com/gpu.count": "8"}, 0) == 8
+    assert gate.node_gpus({"nvidia.com/gpu.count": "x"}, 2) == 2
+    assert gate.node_gpus({}, 0) == 0
+    slices = [
+        {"spec": {"driver": "gpu.nvidia.com", "devices": [{"name": "gpu-0"}, {"name": "gpu-1"}]}},
+        {"spec": {"driver": "gpu.nvidia.com", "devices": [{"name": "gpu-2"}]}},
+        {"spec": {"driver": "compute-domain.nvidia.com", "devices": [{"name": "channel-0"}]}},
+    ]
+    assert gate.slice_devices(slices) == 3

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from gpu_operator import nvml
-from gpu_operator.agents.pci import simulated
-from gpu_operator.demo import driver as driver_demo
-from gpu_operator.demo import nvidia_smi
 from gpu_operator.nvml import driver_branches, errors, mock
+from simhost import driver as driver_demo
+from simhost import nvidia_smi
+from simhost import pci as simulated
 
 
 def machine_on(root: Path) -> mock.MockMachine:

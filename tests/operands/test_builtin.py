@@ -153,7 +153,7 @@ def test_no_guard_when_off_with_our_toolkit_with_nri_or_before_native_sidecars()
 
 
 def test_offline_render_knows_the_charts_operator_image_and_guard() -> None:
-    from gpu_operator import render
+    from gpu_operator.cli import render
 
     facts = render.cluster_facts(render.parse_facts({}))
     assert facts.operator_env["OPERATOR_IMAGE"].startswith(f"{OURS}:")

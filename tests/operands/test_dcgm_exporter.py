@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from operand_helpers import ctr, env_of, find, make_facts, make_policy, mounts_of, pod, volumes_of
 
-from gpu_operator import validate_refs
+from gpu_operator.controller import validate_refs
 from gpu_operator.operands import dcgm, dcgm_exporter
 from gpu_operator.operands.common import RenderError
 

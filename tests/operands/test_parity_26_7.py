@@ -23,10 +23,10 @@ import yaml
 
 from gpu_operator import api
 from gpu_operator.api import keys
+from gpu_operator.cli.render import DEFAULT_OPERATOR_ENV
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.nodes import labelling
 from gpu_operator.operands import registry
-from gpu_operator.render import DEFAULT_OPERATOR_ENV
 from kubesim import defaults, resources
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared/reference/upstream-objects-26.7"

@@ -13,7 +13,7 @@ import json
 from rich.console import Console
 from test_explain import healthy, with_labels
 
-from gpu_operator.explain_cli import tree
+from gpu_operator.cli.explain import tree
 from gpu_operator.status import explain as ex
 from gpu_operator.status import summary
 from gpu_operator.status.explain import Link, NodeFacts, PodView, Verdict

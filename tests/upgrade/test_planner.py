@@ -1038,3 +1038,30 @@ def test_a_node_the_validator_does_not_run_on_is_not_left_waiting_for_it() -> No
         labels={**fleet.nodes["gpu-01"].labels, "nvidia.com/gpu.deploy.operator-validator": "true"},
     )
     assert state_after(fleet.plan(), "gpu-01") == states.VALIDATION_REQUIRED
+
+
+def test_the_driver_restart_also_restarts_the_validators_that_checked_the_old_driver() -> None:
+    fleet = Fleet(daemonsets=[pool(), validator_ds()])
+    restarting(fleet, driver_pod("gpu-01", OLD), validator_pod("gpu-01", created=T0 - 3600))
+    deleted = {d.name: d.why for d in of_type(fleet.plan(), actions.DeletePod)}
+    assert deleted == {
+        "driver-gpu-01": f"revision {OLD} is not {NEW}",
+        "validator-gpu-01": "validates the old driver",
+    }
+
+
+def test_a_validator_from_the_new_driver_pods_own_second_passes_validation() -> None:
+    # Creation times have whole seconds: a validator the DaemonSet recreated right after the
+    # restart shares the new driver pod's second. Restarting it again would repeat until the
+    # clock's second turned.
+    fleet = Fleet(daemonsets=[pool(), validator_ds()])
+    restarting(
+        fleet,
+        driver_pod("gpu-01", NEW, created=T0),
+        validator_pod("gpu-01", created=T0),
+        state=states.VALIDATION_REQUIRED,
+        annotations={states.VALIDATION_START: str(int(T0))},
+    )
+    plan = fleet.plan()
+    assert not of_type(plan, actions.DeletePod)
+    assert state_after(plan, "gpu-01") == states.UNCORDON_REQUIRED

@@ -119,6 +119,10 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 - nvidia-vgpu-device-manager
 - nvidia-vgpu-driver
 - nvidia-vgpu-manager
+- nvidia-dra-driver-controller
+- nvidia-dra-driver-kubeletplugin
+- compute-domain-daemon
+- nvidia-dcgm-exporter-dra-read-pods
 {{- end -}}
 
 {{/* Namespaced Roles the operator renders for its operands. */}}
@@ -137,6 +141,12 @@ keys listed in "drop" (chart-only knobs such as config.create/data never reach t
 - nvidia-vfio-manager
 - nvidia-vgpu-driver
 - nvidia-vgpu-manager
+- nvidia-dra-driver-controller
+- nvidia-dra-driver-kubeletplugin
+- nvidia-dra-driver-kubeletplugin-mps
+- nvidia-dra-driver-kubeletplugin-driver-validation
+- nvidia-dcgm-dra
+- nvidia-dcgm-exporter-dra
 {{- end -}}
 
 {{/* RuntimeClasses the pre-requisites state creates: operator.runtimeClass, plus the CDI and
@@ -212,6 +222,7 @@ vgpuDeviceManager: nvcr.io/nvidia/cloud-native/vgpu-device-manager
 vfioManager: nvcr.io/nvidia/cloud-native/k8s-driver-manager
 vfioManager.driverManager: nvcr.io/nvidia/cloud-native/k8s-driver-manager
 sandboxDevicePlugin: nvcr.io/nvidia/kubevirt-gpu-device-plugin
+draDriver: nvcr.io/nvidia/dra-driver-nvidia-gpu
 {{- end -}}
 
 {{/* The operator image as repository/image/version (what gpu-operator.operatorImage joins). */}}

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import typer
 
+from gpu_operator.agents.compute_domain_plugin import cli as _compute_domain_cli
 from gpu_operator.agents.container_toolkit import cli as _container_toolkit_cli
 from gpu_operator.agents.container_toolkit import guard_cli as _guard_cli
 from gpu_operator.agents.dcgm_exporter import cli as _dcgm_exporter_cli
 from gpu_operator.agents.device_plugin import cli as _device_plugin_cli
+from gpu_operator.agents.dra_kubelet_plugin import cli as _dra_kubelet_plugin_cli
 from gpu_operator.agents.driver_manager import cli as _driver_manager_cli
 from gpu_operator.agents.mig_manager import cli as _mig_manager_cli
 from gpu_operator.agents.node_status_exporter import cli as _node_status_exporter_cli
@@ -191,3 +193,7 @@ _vfio_manager_cli.register(app)
 _vgpu_device_manager_cli.register(app)
 _sandbox_device_plugin_cli.register(app)
 _sandbox_validator_cli.register(app)
+# The GPU DRA kubelet plugin (docs/dra.md).
+_dra_kubelet_plugin_cli.register(app)
+# Compute domains: the controller and the kubelet plugin (docs/compute-domains.md).
+_compute_domain_cli.register(app)

@@ -67,6 +67,24 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
         "kubevirt-gpu-device-plugin",
         "sandbox (KubeVirt) device plugin",
     ),
+    EntryPoint(
+        "gpu-kubelet-plugin",
+        "dra-kubelet-plugin",
+        "k8s-dra-driver-gpu",
+        "GPU DRA kubelet plugin",
+    ),
+    EntryPoint(
+        "compute-domain-kubelet-plugin",
+        "compute-domain-kubelet-plugin",
+        "k8s-dra-driver-gpu",
+        "compute-domain kubelet plugin",
+    ),
+    EntryPoint(
+        "compute-domain-controller",
+        "compute-domain-controller",
+        "k8s-dra-driver-gpu",
+        "compute-domain controller",
+    ),
     EntryPoint("nvidia-toolkit", "container-toolkit", "container-toolkit", "toolkit configurator"),
     EntryPoint(
         "nvidia-ctk-installer", "container-toolkit", "container-toolkit", "toolkit configurator"

@@ -12,7 +12,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpu_operator.api import clusterpolicy, gpucluster, nvidiadriver
+from gpu_operator.api import clusterpolicy, computedomain, gpucluster, nvidiadriver
 from gpu_operator.api.fields import TypeInfo, describe
 
 _EXTRA_KEYS = ("format", "x-kubernetes-validations")
@@ -22,8 +22,8 @@ _EXTRA_KEYS = ("format", "x-kubernetes-validations")
 # not know (silently losing settings). Any schema change must bump SCHEMA_VERSION and record the new
 # SCHEMA_DIGEST: tests/api/test_crds.py fails until both are updated, so a bump is never forgotten.
 SCHEMA_VERSION_ANNOTATION: Final = "nvidia.com/gpu-operator-crd-version"
-SCHEMA_VERSION: Final = 3
-SCHEMA_DIGEST: Final = "1d142dfb5325e81d"
+SCHEMA_VERSION: Final = 4
+SCHEMA_DIGEST: Final = "eafaf831ae6627a7"
 _AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
@@ -139,6 +139,7 @@ def _crd(
     columns: list[dict[str, str]],
     spec_rules: list[dict[str, str]],
     root_rules: list[dict[str, str]] | None = None,
+    scope: str = "Cluster",
 ) -> dict[str, Any]:
     names: dict[str, Any] = {
         "kind": kind,
@@ -148,6 +149,12 @@ def _crd(
     }
     if short_names:
         names["shortNames"] = short_names
+    served: dict[str, Any] = {"name": version, "served": True, "storage": True}
+    if columns:
+        served["additionalPrinterColumns"] = columns
+    served["schema"] = {"openAPIV3Schema": _root_schema(model, spec_rules, root_rules)}
+    if "status" in model.model_fields:
+        served["subresources"] = {"status": {}}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -158,17 +165,8 @@ def _crd(
         "spec": {
             "group": group,
             "names": names,
-            "scope": "Cluster",
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": True,
-                    "additionalPrinterColumns": columns,
-                    "schema": {"openAPIV3Schema": _root_schema(model, spec_rules, root_rules)},
-                    "subresources": {"status": {}},
-                }
-            ],
+            "scope": scope,
+            "versions": [served],
         },
     }
 
@@ -207,8 +205,9 @@ def nvidiadriver_crd() -> dict[str, Any]:
 
 
 def gpucluster_crd() -> dict[str, Any]:
-    """NVIDIA's 26.x GPUCluster: not reconciled by ours yet, installed so that NVIDIA's operator
-    (which watches it) starts after a swap back."""
+    """NVIDIA's 26.x GPUCluster (the DRA stack, one per cluster named `gpu-cluster`), reconciled
+    by controller/gpucluster.py; also what NVIDIA's operator watches, so it starts after a swap
+    back."""
     return _crd(
         group=gpucluster.GROUP,
         version=gpucluster.VERSION,
@@ -225,12 +224,50 @@ def gpucluster_crd() -> dict[str, Any]:
     )
 
 
+def computedomain_crd() -> dict[str, Any]:
+    """NVIDIA's DRA driver's ComputeDomain (namespaced), which a GPUCluster's compute-domain
+    controller reconciles."""
+    return _crd(
+        group=computedomain.GROUP,
+        version=computedomain.VERSION,
+        kind=computedomain.KIND,
+        plural=computedomain.PLURAL,
+        model=computedomain.ComputeDomain,
+        short_names=[],
+        columns=[
+            {"name": "Status", "type": "string", "jsonPath": ".status.status"},
+            {"name": "Nodes", "type": "integer", "jsonPath": ".spec.numNodes"},
+            _AGE_COLUMN,
+        ],
+        spec_rules=[],
+        scope="Namespaced",
+    )
+
+
+def computedomainclique_crd() -> dict[str, Any]:
+    """The nodes of one NVLink partition taking part in a ComputeDomain (namespaced)."""
+    return _crd(
+        group=computedomain.GROUP,
+        version=computedomain.VERSION,
+        kind=computedomain.CLIQUE_KIND,
+        plural=computedomain.CLIQUE_PLURAL,
+        model=computedomain.ComputeDomainClique,
+        short_names=[],
+        columns=[],
+        spec_rules=[],
+        scope="Namespaced",
+    )
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """Every CRD we own, keyed by upstream's file name."""
     return {
         "nvidia.com_clusterpolicies.yaml": clusterpolicy_crd(),
         "nvidia.com_gpuclusters.yaml": gpucluster_crd(),
         "nvidia.com_nvidiadrivers.yaml": nvidiadriver_crd(),
+        # NVIDIA's DRA driver's compute-domain kinds (namespaced), which a GPUCluster uses.
+        "resource.nvidia.com_computedomains.yaml": computedomain_crd(),
+        "resource.nvidia.com_computedomaincliques.yaml": computedomainclique_crd(),
     }
 
 

@@ -1,9 +1,10 @@
 """GPUCluster (nvidia.com/v1alpha1, cluster-scoped): NVIDIA's 26.x DRA-based software stack.
 
-Only the schema, for now: NVIDIA's 26.7 operator watches GPUCluster and does not start without its
-CRD, so our chart installs it (swapping back to NVIDIA's operator must work, docs/swap-in.md).
-Our operator does not reconcile GPUCluster objects yet, and the chart refuses
-`gpuCluster.deployCR`. The DCGM, exporter and daemonsets sections are ClusterPolicy's own.
+One per cluster, named `gpu-cluster` (a rule of the CRD). The operator reconciles it
+(controller/gpucluster.py) into the DRA driver's states (operands/dra_driver.py); a cluster runs
+a GPUCluster or a ClusterPolicy, never both (status/gpucluster.py). The DCGM, exporter and
+daemonsets sections are ClusterPolicy's own types; the DRA stack does not deploy DCGM or the
+exporter yet (docs/dra.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ SINGLETON_RULE = {
     "rule": f"self.metadata.name == '{NAME}'",
     "message": f"GPUCluster is a singleton, metadata.name must be '{NAME}'",
 }
+
+
+# Defaults of the kubelet-plugin containers' gRPC health services (NVIDIA's), and their HTTP
+# (metrics) endpoints: the two containers share the pod's network namespace.
+GPUS_HEALTHCHECK_PORT = 51516
+COMPUTE_DOMAINS_HEALTHCHECK_PORT = 51515
+GPUS_HTTP_PORT = 8080
+COMPUTE_DOMAINS_HTTP_PORT = 8081
+# Feature gates of NVIDIA's DRA driver (its pkg/featuregates) and the logging gates of
+# Kubernetes' component-base it also accepts; it refuses to start on any other name.
+KNOWN_FEATURE_GATES = frozenset({
+    "TimeSlicingSettings", "MPSSupport", "IMEXDaemonsWithDNSNames", "PassthroughSupport",
+    "NVMLDeviceHealthCheck", "DynamicMIG", "ComputeDomainCliques", "CrashOnNVLinkFabricErrors",
+    "DeviceMetadata", "ContextualLogging", "LoggingAlphaOptions", "LoggingBetaOptions",
+    "LoggingStableOptions",
+})  # fmt: skip
 
 
 class DRADriverHealthcheckSpec(K8sModel):

@@ -27,6 +27,10 @@ DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
 # k8s-driver-manager's value of DEPLOY_DRIVER on a node whose host already runs a driver
 # (`nvidia-smi` works in the host root): the driver DaemonSet then leaves the node.
 DRIVER_PREINSTALLED = "pre-installed"
+# A node the admin moved to DRA under a ClusterPolicy (`true`): the operator's device plugin stays
+# off there and a DRA kubelet plugin serves its GPUs (the label NVIDIA's DRA docs use as the DRA
+# driver chart's `kubeletPlugin.nodeSelector` and as the driver manager's eviction label).
+DRA_NODE = "nvidia.com/dra-kubelet-plugin"
 MIG_CAPABLE = "nvidia.com/mig.capable"
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"

@@ -1,4 +1,4 @@
-"""Checking ClusterPolicy and NVIDIADriver manifests: every problem, with its field path.
+"""Checking ClusterPolicy, NVIDIADriver and GPUCluster manifests: every problem, with its path.
 
 Errors are what the API server or the operator would reject or fail on; warnings are what they
 would silently accept but probably not do what the author meant (unknown fields are pruned by
@@ -18,9 +18,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gpu_operator.api import apiserver_limits, enablement, intstr
+from gpu_operator.api import gpucluster as gc_api
 from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec
 from gpu_operator.api.core_types import EnvVar, ImageSpec, Toleration
 from gpu_operator.api.fields import TypeInfo, describe, wire_names
+from gpu_operator.api.gpucluster import DRADriverSpec, GPUCluster, GPUClusterSpec
 from gpu_operator.api.images import PULL_POLICIES
 from gpu_operator.api.keys import DRIVER_OWNER
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverSpec
@@ -43,7 +45,7 @@ class Checked:
 
     kind: str
     name: str
-    obj: ClusterPolicy | NVIDIADriver | None = None
+    obj: ClusterPolicy | NVIDIADriver | GPUCluster | None = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     skipped: bool = False
@@ -57,9 +59,11 @@ class Checked:
         return f"{self.kind}/{self.name or '<unnamed>'}"
 
 
-KINDS: dict[str, type[ClusterPolicy] | type[NVIDIADriver]] = {
+Model = type[ClusterPolicy] | type[NVIDIADriver] | type[GPUCluster]
+KINDS: dict[str, Model] = {
     "ClusterPolicy": ClusterPolicy,
     "NVIDIADriver": NVIDIADriver,
+    "GPUCluster": GPUCluster,
 }
 
 
@@ -220,7 +224,7 @@ def _image_reference_complete(image: str) -> bool:
     return "@" in image or ":" in image.rsplit("/", 1)[-1]
 
 
-def _check_image(spec: ImageSpec | None, path: str) -> list[Problem]:
+def _check_image(spec: ImageSpec | DRADriverSpec | None, path: str) -> list[Problem]:
     if spec is None:
         return []
     repo, image, version = spec.repository, spec.image, spec.version
@@ -625,6 +629,101 @@ def _nvd_semantics(spec: NVIDIADriverSpec) -> Checked:
     return out
 
 
+# --- GPUCluster ---------------------------------------------------------------------------
+
+
+def _gc_semantics(obj: GPUCluster, name: str) -> Checked:
+    out = Checked("GPUCluster", name)
+    errors, warnings = out.errors, out.warnings
+    if name and name != gc_api.NAME:
+        errors.append(
+            Problem(
+                "metadata.name",
+                f"GPUCluster is a singleton: its name must be {gc_api.NAME!r}, got {_show(name)} "
+                "(the API server refuses any other)",
+            )
+        )
+    spec = obj.spec
+    if spec is None:
+        errors.append(Problem("spec.draDriver", "required field is missing"))
+        return out
+    dra = spec.draDriver
+    errors.extend(_check_image(dra, "spec.draDriver"))
+    warnings.extend(_check_pull_policy(dra, "spec.draDriver"))
+    for index, secret in enumerate(dra.imagePullSecrets or []):
+        errors.extend(
+            _check_object_name(secret, f"spec.draDriver.imagePullSecrets[{index}]", "Secret")
+        )
+    for gate in sorted(dra.featureGates or {}):
+        if gate not in gc_api.KNOWN_FEATURE_GATES:
+            close = difflib.get_close_matches(gate, sorted(gc_api.KNOWN_FEATURE_GATES), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.append(
+                Problem(
+                    f"spec.draDriver.featureGates.{gate}",
+                    f"not a feature gate of NVIDIA's DRA driver as the operator knows it{hint}; "
+                    "the driver refuses to start on a gate it does not know",
+                )
+            )
+    cds = dra.computeDomains
+    cds_on = cds is None or cds.enabled
+    plugins = (
+        ("gpus", dra.gpus.kubeletPlugin if dra.gpus else None, gc_api.GPUS_HEALTHCHECK_PORT),
+        (
+            "computeDomains",
+            cds.kubeletPlugin if cds else None,
+            gc_api.COMPUTE_DOMAINS_HEALTHCHECK_PORT,
+        ),
+    )
+    taken = {
+        gc_api.GPUS_HTTP_PORT: "the gpus container's HTTP endpoint",
+        gc_api.COMPUTE_DOMAINS_HTTP_PORT: "the compute-domains container's HTTP endpoint",
+    }
+    for section, plugin, default in plugins:
+        path = f"spec.draDriver.{section}.kubeletPlugin"
+        if plugin is not None:
+            env_errors, env_warnings = _check_env(plugin.env, f"{path}.env")
+            errors.extend(env_errors)
+            warnings.extend(env_warnings)
+        if section == "computeDomains" and not cds_on:
+            continue
+        health = plugin.healthcheck if plugin else None
+        if health is not None and not health.enabled:
+            continue
+        port = health.port if health is not None and health.port is not None else default
+        if port in taken:
+            errors.append(
+                Problem(
+                    f"{path}.healthcheck.port",
+                    f"port {port} is already {taken[port]} in the same kubelet-plugin pod; "
+                    "choose another port",
+                )
+            )
+        taken[port] = f"the {section} container's health service"
+    if cds is not None and cds.controller is not None:
+        env_errors, env_warnings = _check_env(
+            cds.controller.env, "spec.draDriver.computeDomains.controller.env"
+        )
+        errors.extend(env_errors)
+        warnings.extend(env_warnings)
+    if spec.hostPaths is not None:
+        for field_name in ("driverInstallDir", "kubeletRootDir"):
+            value = getattr(spec.hostPaths, field_name)
+            if value and not value.startswith("/"):
+                errors.append(
+                    Problem(
+                        f"spec.hostPaths.{field_name}",
+                        f"expected an absolute path, got {_show(value)}",
+                    )
+                )
+    if spec.daemonsets is not None:
+        errors.extend(
+            _check_tolerations(spec.daemonsets.tolerations, "spec.daemonsets.tolerations")
+        )
+        errors.extend(_check_labels(spec.daemonsets.labels, "spec.daemonsets.labels", values=True))
+    return out
+
+
 # --- entry point --------------------------------------------------------------------------
 
 
@@ -645,8 +744,8 @@ def _drop(doc: Any, loc: tuple[int | str, ...]) -> bool:
 
 
 def _without_bad_fields(
-    doc: dict[str, Any], err: ValidationError, model: type[ClusterPolicy] | type[NVIDIADriver]
-) -> ClusterPolicy | NVIDIADriver | None:
+    doc: dict[str, Any], err: ValidationError, model: Model
+) -> ClusterPolicy | NVIDIADriver | GPUCluster | None:
     """The document with its invalid fields removed, so the semantic checks can still run."""
     repaired = copy.deepcopy(doc)
     for _ in range(5):
@@ -689,15 +788,23 @@ def kind_suggestion(doc: Any) -> str | None:
             return None
         return (
             f"{shown} is not a kind of the GPU operator, whose kinds are ClusterPolicy "
-            f"({KINDS['ClusterPolicy'].model_fields['apiVersion'].default}) and NVIDIADriver "
-            f"({KINDS['NVIDIADriver'].model_fields['apiVersion'].default})"
+            f"({KINDS['ClusterPolicy'].model_fields['apiVersion'].default}), NVIDIADriver "
+            f"({KINDS['NVIDIADriver'].model_fields['apiVersion'].default}) and GPUCluster "
+            f"({KINDS['GPUCluster'].model_fields['apiVersion'].default})"
         )
     model = KINDS[wanted[0]]
     suggestion = (
         f'{shown} is not a kind of the GPU operator (kubectl answers "no matches for '
         f'kind"): did you mean {wanted[0]} ({model.model_fields["apiVersion"].default})?'
     )
-    spec_fields = wire_names(ClusterPolicySpec if model is ClusterPolicy else NVIDIADriverSpec)
+    spec_model: type[BaseModel] = (
+        ClusterPolicySpec
+        if model is ClusterPolicy
+        else GPUClusterSpec
+        if model is GPUCluster
+        else NVIDIADriverSpec
+    )
+    spec_fields = wire_names(spec_model)
     stray = [str(key) for key in doc if key in spec_fields]
     if stray:
         suggestion += (
@@ -740,6 +847,8 @@ def check_document(doc: dict[str, Any]) -> Checked:
     if isinstance(obj, ClusterPolicy):
         raw_spec = doc.get("spec")
         semantic = _cp_semantics(obj.spec, raw_spec if isinstance(raw_spec, dict) else {})
+    elif isinstance(obj, GPUCluster):
+        semantic = _gc_semantics(obj, name)
     else:
         semantic = _nvd_semantics(obj.spec)
     # A field already reported by the schema check was removed before the semantic pass.

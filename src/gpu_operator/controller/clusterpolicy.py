@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpu_operator import api, validate_refs
+from gpu_operator import api
 from gpu_operator.api import crds as crd_schema
 from gpu_operator.api import enablement, keys
-from gpu_operator.controller import drift, strip
+from gpu_operator.controller import drift, strip, validate_refs
 from gpu_operator.controller import facts as facts_mod
 from gpu_operator.controller.metrics import (
     STATUS_ERROR,
@@ -29,7 +29,19 @@ from gpu_operator.controller.metrics import (
 )
 from gpu_operator.controller.node_verdicts import NodeVerdicts
 from gpu_operator.controller.nodelabels import NodeLabels
-from gpu_operator.controller.runtime import OWNED_KINDS, Reconciler, Request, Runtime, Watch
+from gpu_operator.controller.runtime import (
+    CRDS,
+    GPU_CLUSTERS,
+    NODES,
+    OWNED_KINDS,
+    PODS,
+    POLICIES,
+    REVISIONS,
+    Reconciler,
+    Request,
+    Runtime,
+    Watch,
+)
 from gpu_operator.kube import resources
 from gpu_operator.kube.errors import describe
 from gpu_operator.kube.writer import needs_write
@@ -37,12 +49,21 @@ from gpu_operator.nodes import coexist, gate, labelling
 from gpu_operator.operands import config_manager, dcgm_exporter, device_plugin, readiness, registry
 from gpu_operator.operands.facts import ClusterFacts
 from gpu_operator.status import coalesce, conditions, explain, rollout, summary
+from gpu_operator.status import gpucluster as gc_status
 from gpu_operator.upgrade import snapshot as upgrade_snapshot
 from gpu_operator.upgrade import states as upgrade_states
 
 log = logging.getLogger(__name__)
 
 POLICY_KEY = "policy"
+# Event-driven status passes wait at least this many times the last pass's duration (at most
+# MAX_STATUS_SPACING): at thousands of nodes a pass reads every node and pod, and passes spaced by
+# one duration (at most 1 s) kept half a core busy through a rollout, and a whole one at 20,000
+# nodes, CPU the API server needed to roll the pods out. A pass is at most a quarter of a core.
+STATUS_PASS_SPACING = 3.0
+# The longest wait (or the status write window, if longer): the status lags a change by at most
+# this much on the biggest fleets (a pass of a few milliseconds keeps the configured debounce).
+MAX_STATUS_SPACING = 5.0
 SERVICEMONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 PROMETHEUSRULE_CRD = "prometheusrules.monitoring.coreos.com"
 OPTIONAL_OWNED_KINDS = (
@@ -54,13 +75,6 @@ PSA_LABELS = {
     f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")
 }
 DRIVER_DS_PREFIXES = ("nvidia-driver-daemonset", "nvidia-vgpu-manager-daemonset")
-
-# Caches every reconciler may read, created by the runtime's owner (controller/operator.py).
-POLICIES = "clusterpolicies"
-NODES = "nodes"
-PODS = "pods"
-REVISIONS = "revisions"
-CRDS = "crds"
 
 
 def now() -> str:
@@ -83,9 +97,21 @@ def _created(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def active_policy(policies: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    """The ClusterPolicy in charge: the oldest one not being deleted."""
+    """The ClusterPolicy that would be in charge: the oldest one not being deleted (a GPUCluster
+    may still refuse it: policy_in_charge)."""
     live = [p for p in policies if not (p.get("metadata") or {}).get("deletionTimestamp")]
     return min(live, key=_created) if live else None
+
+
+def policy_in_charge(rt: Runtime) -> dict[str, Any] | None:
+    """The ClusterPolicy the operator acts on, from the shared caches: the active one unless an
+    older GPUCluster refuses it (status/gpucluster.py). The ClusterPolicy, NVIDIADriver and
+    node-labelling reconcilers all follow this one."""
+    active = active_policy(rt.caches[POLICIES].objects.values())
+    if active is None or GPU_CLUSTERS not in rt.caches:
+        return active
+    clusters = rt.caches[GPU_CLUSTERS].objects.values()
+    return active if gc_status.policy_in_charge([active], clusters) is not None else None
 
 
 def outdated_crds(crds: Mapping[str, dict[str, Any]]) -> list[crd_schema.InstalledSchema]:
@@ -184,6 +210,8 @@ class ClusterPolicyReconciler(Reconciler):
             Watch(POLICIES, self._on_policy),
             Watch(NODES, self._on_node),
             Watch(CRDS, self._on_crd),
+            # A GPUCluster refuses the newer ClusterPolicy (status/gpucluster.py).
+            *([Watch(GPU_CLUSTERS, self._on_policy)] if GPU_CLUSTERS in self.caches else []),
             *status,
         ]
 
@@ -230,6 +258,9 @@ class ClusterPolicyReconciler(Reconciler):
     def active_policy(self) -> dict[str, Any] | None:
         return active_policy(self.caches[POLICIES].objects.values())
 
+    def policy_in_charge(self) -> dict[str, Any] | None:
+        return policy_in_charge(self.rt)
+
     def cluster_facts(self) -> ClusterFacts:
         return cluster_facts(self.rt)
 
@@ -254,13 +285,14 @@ class ClusterPolicyReconciler(Reconciler):
             self._space_passes(time.monotonic() - started)
 
     def _space_passes(self, took: float) -> None:
-        """Debounce the event-driven passes by at least the last pass's duration (at most the
-        status write window): a pass reads every node and pod, so at thousands of nodes passes
-        asked for back to back by a rollout's events would keep a core busy; the status is
-        written at most once per window anyway (status/coalesce.py). A small cluster keeps the
-        configured debounce. Changes to the ClusterPolicy itself are still reconciled at once."""
+        """Debounce the event-driven passes by STATUS_PASS_SPACING times the last pass's
+        duration (at most MAX_STATUS_SPACING, or the status write window if longer): a pass
+        reads every node and pod, so at thousands of nodes passes asked for back to back by a
+        rollout's events would keep a core busy. A small cluster keeps the configured debounce.
+        Changes to the ClusterPolicy itself are still reconciled at once."""
         settings = self.rt.settings
-        spacing = max(settings.status_debounce, min(took, settings.status_write_interval))
+        longest = max(MAX_STATUS_SPACING, settings.status_write_interval)
+        spacing = max(settings.status_debounce, min(STATUS_PASS_SPACING * took, longest))
         if spacing != self._debounce:
             self._debounce = spacing
             self._debounced = (Request(POLICY_KEY, spacing),)
@@ -288,6 +320,8 @@ class ClusterPolicyReconciler(Reconciler):
                     resources.CLUSTER_POLICY, other["metadata"]["name"], status
                 )
         generation = (active.get("metadata") or {}).get("generation")
+        if await self._refused_by_gpu_cluster(active):
+            return
         outdated = outdated_crds(self.caches[CRDS].objects)
         if outdated:
             message = "; ".join(schema.message for schema in outdated)
@@ -399,6 +433,38 @@ class ClusterPolicyReconciler(Reconciler):
                 f"{len(self._write_errors)} write(s) rejected, first: {describe(first)}"
             ) from first
 
+    async def _refused_by_gpu_cluster(self, active: dict[str, Any]) -> bool:
+        """An older GPUCluster runs the cluster: nothing of this ClusterPolicy is applied, its
+        status and an Event say why and what to do (the GPUCluster's side: its reconciler)."""
+        if GPU_CLUSTERS not in self.caches:
+            return False
+        cluster = active_policy(self.caches[GPU_CLUSTERS].objects.values())
+        clash = gc_status.conflict(cluster, [active])
+        if clash is None or clash.refused_kind != "ClusterPolicy":
+            return False
+        if self.active_uid is not None:
+            self.active_uid = None
+            self.nodes.set_policy(None)
+        before = (active.get("status") or {}).get("conditions") or []
+        said = any(c.get("message") == clash.refused_message for c in before)
+        if not said and clash.refused_message not in self._reported:
+            await self.rt.writer.event(
+                active, reason=gc_status.CONFLICT_REASON, type_="Warning",
+                message=clash.refused_message,
+            )  # fmt: skip
+        self._reported.add(clash.refused_message)
+        await self._patch_status(
+            active,
+            summary.refused(
+                gc_status.CONFLICT_REASON, clash.refused_message,
+                namespace=self.rt.settings.namespace, now=now(),
+                generation=(active.get("metadata") or {}).get("generation"),
+                previous=active.get("status"),
+            ),
+        )  # fmt: skip
+        self.metrics.status.set(STATUS_ERROR)
+        return True
+
     def worst_node(self, policy: api.ClusterPolicy) -> str:
         """The node chain's verdict for the GPU node furthest from usable, from the caches
         alone (no capacity, no logs: status/explain.py skips what it cannot know)."""
@@ -413,9 +479,11 @@ class ClusterPolicyReconciler(Reconciler):
             default_workload=sandbox.defaultWorkload if sandbox else keys.WORKLOAD_CONTAINER,
         )
         # Walked again only for the nodes whose node object, pods or policy view changed.
+        sources = self.nodes.sources
         worst = self._verdicts.worst(
-            self.caches[NODES].objects.values(), self.caches[PODS].objects.values(), view
-        )
+            self.caches[NODES].objects.values(), self.caches[PODS].objects.values(), view,
+            sources.dra_slice_objects if sources is not None else None,
+        )  # fmt: skip
         return worst.message() if worst is not None else ""
 
     def preinstalled_drivers(self) -> tuple[str, ...]:
@@ -851,4 +919,4 @@ def _facts_input(node: dict[str, Any] | None) -> tuple[Any, ...]:
     )
 
 
-__all__ = ["ClusterPolicyReconciler", "active_policy", "index_by_owner"]
+__all__ = ["ClusterPolicyReconciler", "active_policy", "index_by_owner", "policy_in_charge"]

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from gpu_operator.controller.clusterpolicy import CRDS
-from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch
+from gpu_operator.controller.runtime import CRDS, Reconciler, Request, Runtime, Watch
 from gpu_operator.kube import probe, resources
 from gpu_operator.kube.node_features import NODE_NAME_LABEL
 from gpu_operator.nodes import coexist
@@ -45,10 +44,13 @@ class FeatureView(NamedTuple):
 
 
 class SliceView(NamedTuple):
-    """A ResourceSlice as the detector reads it: its node (node-local slices only) and driver."""
+    """A ResourceSlice as the detector reads it: its node (node-local slices only) and driver;
+    the devices it publishes and its pool, for the readiness gate and the node verdicts."""
 
     node: str
     driver: str
+    devices: int = 0
+    pool: str = ""
 
 
 def node_feature(obj: dict[str, Any]) -> FeatureView:
@@ -62,7 +64,10 @@ def node_feature(obj: dict[str, Any]) -> FeatureView:
 def resource_slice(obj: dict[str, Any]) -> SliceView:
     """Cache transform: slices published for all nodes or a node selector have no nodeName."""
     spec = obj.get("spec") or {}
-    return SliceView(sys.intern(str(spec.get("nodeName") or "")), str(spec.get("driver") or ""))
+    return SliceView(
+        sys.intern(str(spec.get("nodeName") or "")), sys.intern(str(spec.get("driver") or "")),
+        len(spec.get("devices") or ()), str((spec.get("pool") or {}).get("name") or ""),
+    )  # fmt: skip
 
 
 class _Index:
@@ -145,7 +150,11 @@ class CoexistSources(Reconciler):
         return [Request(self.relabel(n)) for n in nodes]
 
     def _on_slice(self, key: str, old: Any, new: Any) -> list[Request]:
-        return [Request(self.relabel(n)) for n in self.slices.update(key, old, new)]
+        nodes = self.slices.update(key, old, new)
+        if not nodes and old is not None and new is not None and old.devices != new.devices:
+            # Same node, more or fewer devices: the readiness gate counts them.
+            nodes = [n for n in (self.slices.node_of(new),) if n]
+        return [Request(self.relabel(n)) for n in nodes]
 
     async def reconcile(self, key: str) -> None:
         """Probe `resource.k8s.io/v1` ResourceSlices once; watch them when they can be listed."""
@@ -180,6 +189,33 @@ class CoexistSources(Reconciler):
 
     def dra_slices(self, node: str) -> tuple[str, ...]:
         return tuple(sorted(self.slices.by_node.get(node, ())))
+
+    def dra_slice_views(self, node: str) -> tuple[tuple[str, SliceView], ...] | None:
+        """The node's gpu.nvidia.com slices (name, view), sorted by name; None while
+        ResourceSlices are not watched (the API is not served, or not probed or listed yet)."""
+        informer = self.rt.caches.informers.get(RESOURCE_SLICES)
+        if not self.slices_served or informer is None or not informer.synced.is_set():
+            return None
+        found = ((k, informer.objects.get(k)) for k in sorted(self.slices.by_node.get(node, ())))
+        return tuple((k, v) for k, v in found if v is not None)
+
+    def dra_slice_objects(self, node: str) -> tuple[dict[str, Any], ...] | None:
+        """The node's gpu.nvidia.com slices as the node chain reads them (name, driver, node,
+        pool and as many device entries as published; the cache keeps no device details)."""
+        views = self.dra_slice_views(node)
+        if views is None:
+            return None
+        return tuple(
+            {"metadata": {"name": name}, "spec": {
+                "driver": v.driver, "nodeName": v.node, "pool": {"name": v.pool},
+                "devices": [{} for _ in range(v.devices)]}}
+            for name, v in views
+        )  # fmt: skip
+
+    def dra_devices(self, node: str) -> int | None:
+        """The devices the node's gpu.nvidia.com slices publish (None: slices not watched)."""
+        views = self.dra_slice_views(node)
+        return None if views is None else sum(v.devices for _, v in views)
 
     def _syncing(self) -> str:
         """The sources that exist but have not listed yet ("" when none)."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.api import keys
-from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch
+from gpu_operator.controller.runtime import NODES, PODS, Reconciler, Request, Runtime, Watch
 from gpu_operator.nodes import coexist, gate, labelling, ledger
 from gpu_operator.operands import device_plugin
 
@@ -24,8 +24,6 @@ NODE_PREFIX = "node"
 PREINSTALLED_REASON = "PreinstalledDriver"
 COEXIST_REASON = "CoexistenceConflict"
 GATE_REASON = "StartupTaintRemoved"
-NODES = "nodes"
-PODS = "pods"
 # The validator DaemonSet's pods (app label): Ready once every link of the node's chain passed.
 VALIDATOR_APP = "nvidia-operator-validator"
 # The device plugin DaemonSet's pods (app label): GPUs a node serves while one is there are ours.
@@ -226,13 +224,28 @@ class NodeLabels(Reconciler):
             taints = node.get("taints") or ()
             if not any(taint.matches(t) for t in taints):
                 continue
-            facts = gate.GateFacts(
-                taints=taints,
-                gpu_allocatable=int((node.get("status") or {}).get("gpuAllocatable") or 0),
-                validator_ready=name in ready,
-            )
-            waiting[name] = gate.plan(facts, taint)
+            waiting[name] = gate.plan(self._gate_facts(name, node, name in ready), taint)
         return waiting
+
+    def _gate_facts(
+        self, name: str, node: Mapping[str, Any], validator_ready: bool
+    ) -> gate.GateFacts:
+        """The gate's facts from the caches: on a DRA node, the devices its gpu.nvidia.com
+        ResourceSlices publish (the ResourceSlice cache, when resource.k8s.io/v1 is served)
+        rather than allocatable GPUs."""
+        status = node.get("status") or {}
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        dra = labelling.dra_node(labels)
+        return gate.GateFacts(
+            taints=node.get("taints") or (),
+            gpu_allocatable=int(status.get("gpuAllocatable") or 0),
+            validator_ready=validator_ready,
+            dra=dra,
+            dra_devices=(
+                self.sources.dra_devices(name) if dra and self.sources is not None else None
+            ),
+            gpus=gate.node_gpus(labels, int(status.get("gpu") or 0)) if dra else 0,
+        )
 
     async def _gate(self, name: str, node: Mapping[str, Any]) -> None:
         """Remove the startup taint once the node validated (nodes/gate.py): one JSON patch of
@@ -241,12 +254,7 @@ class NodeLabels(Reconciler):
         taints = node.get("taints") or ()
         if taint is None or not any(taint.matches(t) for t in taints):
             return
-        facts = gate.GateFacts(
-            taints=taints,
-            gpu_allocatable=int((node.get("status") or {}).get("gpuAllocatable") or 0),
-            validator_ready=self._validator_ready(name),
-        )
-        plan = gate.plan(facts, taint)
+        plan = gate.plan(self._gate_facts(name, node, self._validator_ready(name)), taint)
         if not plan.remove:
             return
         # The guard tests spec.taints rather than the resourceVersion: the stripped cache keeps
@@ -255,11 +263,13 @@ class NodeLabels(Reconciler):
         if not await self.rt.writer.json_patch_node(name, plan.json_patch()):
             self.rt.enqueue(self.key(name), after=0.5)  # changed under us: the watch re-plans
             return
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        what = "DRA devices published" if labelling.dra_node(labels) else "allocatable GPUs"
         await self.rt.writer.event(
             {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
              "uid": (node.get("metadata") or {}).get("uid")}},
             reason=GATE_REASON,
-            message=f"node {name} validated (allocatable GPUs, validator Ready): "
+            message=f"node {name} validated ({what}, validator Ready): "
             f"removed the startup taint {taint}",
         )  # fmt: skip
 

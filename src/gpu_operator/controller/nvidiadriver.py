@@ -28,6 +28,7 @@ from typing import Any
 from gpu_operator import api
 from gpu_operator.api import keys
 from gpu_operator.controller import clusterpolicy as cp
+from gpu_operator.controller import runtime
 from gpu_operator.controller.nodelabels import NodeLabels
 from gpu_operator.controller.runtime import Reconciler, Request, Runtime, Watch, owned_name
 from gpu_operator.kube import resources
@@ -99,6 +100,7 @@ class NVIDIADriverReconciler(Reconciler):
         self._reported: dict[str, str] = {}
         self._upgrades_enabled: dict[str, tuple[str, bool]] = {}
         self._debounced = (Request(KEY, rt.settings.status_debounce),)
+        self._no_policy_message = plan_mod.NO_POLICY_MESSAGE
         self._status_writes = coalesce.StatusWrites(rt.settings.status_write_interval)
 
     # ----- events ------------------------------------------------------------------------------
@@ -106,11 +108,17 @@ class NVIDIADriverReconciler(Reconciler):
     def watches(self) -> list[Watch]:
         return [
             Watch(CACHE, self._on_driver),
-            Watch(cp.POLICIES, self._on_policy),
-            Watch(cp.CRDS, self._on_crd),
-            Watch(cp.NODES, self._on_node),
-            Watch(cp.PODS, self._on_pod),
-            Watch(cp.REVISIONS, self._on_revision),
+            Watch(runtime.POLICIES, self._on_policy),
+            # A GPUCluster refuses a newer ClusterPolicy (cp.policy_in_charge).
+            *(
+                [Watch(runtime.GPU_CLUSTERS, self._on_cluster)]
+                if runtime.GPU_CLUSTERS in self.caches
+                else []
+            ),
+            Watch(runtime.CRDS, self._on_crd),
+            Watch(runtime.NODES, self._on_node),
+            Watch(runtime.PODS, self._on_pod),
+            Watch(runtime.REVISIONS, self._on_revision),
             Watch(DAEMONSETS, self._on_daemonset),
         ]
 
@@ -130,6 +138,10 @@ class NVIDIADriverReconciler(Reconciler):
         if old is not None and new is not None and _same_spec(old, new):
             return []  # a status write
         self._mode_memo = None
+        return [Request(KEY)]
+
+    def _on_cluster(self, key: str, old: Any, new: Any) -> list[Request]:
+        self._mode_memo = None  # its status may settle a tie (status/gpucluster.py)
         return [Request(KEY)]
 
     def _on_crd(self, key: str, old: Any, new: Any) -> list[Request]:
@@ -196,10 +208,17 @@ class NVIDIADriverReconciler(Reconciler):
         return self._mode_memo
 
     def _read_mode(self) -> tuple[str, api.ClusterPolicy | None]:
-        active = cp.active_policy(self.caches[cp.POLICIES].objects.values())
+        # A ClusterPolicy a GPUCluster refuses is no policy here either (it deploys nothing).
+        active = cp.policy_in_charge(self.rt)
+        candidate = cp.active_policy(self.caches[runtime.POLICIES].objects.values())
+        self._no_policy_message = plan_mod.NO_POLICY_MESSAGE
+        if active is None and candidate is not None:
+            self._no_policy_message = plan_mod.refused_policy_message(
+                str(candidate["metadata"]["name"])
+            )
         if active is None:
             return "no-policy", None
-        if cp.outdated_crds(self.caches[cp.CRDS].objects):
+        if cp.outdated_crds(self.caches[runtime.CRDS].objects):
             return "unknown", None
         checked = api.check_document(active)
         if not checked.ok or not isinstance(checked.obj, api.ClusterPolicy):
@@ -244,7 +263,7 @@ class NVIDIADriverReconciler(Reconciler):
                 state, reason, message = (
                     (nvd_status.DISABLED, conditions.RECONCILED, plan_mod.DISABLED_MESSAGE)
                     if mode == "disabled"
-                    else (nvd_status.NOT_READY, nvd_status.NO_POLICY, plan_mod.NO_POLICY_MESSAGE)
+                    else (nvd_status.NOT_READY, nvd_status.NO_POLICY, self._no_policy_message)
                 )
                 obj = self.drivers_cache.get(item.name)
                 status = nvd_status.inactive(
@@ -254,7 +273,7 @@ class NVIDIADriverReconciler(Reconciler):
                 await self._write_status(item.name, status)
             return
         facts = cp.cluster_facts(self.rt)
-        node_cache = self.caches[cp.NODES].objects
+        node_cache = self.caches[runtime.NODES].objects
         nodes: list[tuple[str, Mapping[str, str]]] = [
             (name, selectable(n)) for name, n in node_cache.items()
         ]
@@ -268,7 +287,7 @@ class NVIDIADriverReconciler(Reconciler):
         await self._prune(result)
         orphans = [
             plan_mod.DriverPod(p.name, p.node, p.app, p.revision_hash, owned=False)
-            for p in self.caches[cp.PODS].objects.values()
+            for p in self.caches[runtime.PODS].objects.values()
             if p.component == plan_mod.COMPONENT and not p.owner_uids
         ]
         adopted = await self._hand_over(result, nodes, written, orphans)
@@ -277,13 +296,14 @@ class NVIDIADriverReconciler(Reconciler):
         pools = {str(d["metadata"].get("uid")) for d in self._pool_daemonsets()}
         left = {
             p.node
-            for p in self.caches[cp.PODS].objects.values()
+            for p in self.caches[runtime.PODS].objects.values()
             if p.component == plan_mod.COMPONENT
             and p.name not in adopted
             and not pools.intersection(p.owner_uids)
         }
         by_owner = cp.index_by_owner(
-            self.caches[cp.PODS].objects.values(), self.caches[cp.REVISIONS].objects.values()
+            self.caches[runtime.PODS].objects.values(),
+            self.caches[runtime.REVISIONS].objects.values(),
         )
         for item in items:
             if item.deleting or item.name not in result.drivers:
@@ -338,7 +358,7 @@ class NVIDIADriverReconciler(Reconciler):
         (status/rollout.py): its nodes' driver upgrade, a new spec rolling out, the hand-over."""
         enabled = obj is not None and cp.upgrades_enabled(obj, self._upgrades_enabled)
         upgrade = cp.upgrade_view(
-            self.caches[cp.NODES].objects.values(), owner=entry.name, enabled=enabled
+            self.caches[runtime.NODES].objects.values(), owner=entry.name, enabled=enabled
         )
         waiting: list[rollout.Workload] = []
         handing_over = sorted(set(entry.nodes) & orphaned)
@@ -502,7 +522,7 @@ class NVIDIADriverReconciler(Reconciler):
         return {a.pod for a in plan.adopt}
 
     def _revisions(self) -> Iterable[plan_mod.Revision]:
-        for revision in self.caches[cp.REVISIONS].objects.values():
+        for revision in self.caches[runtime.REVISIONS].objects.values():
             fingerprint = revision.get("fingerprint")
             if fingerprint is None:
                 continue

@@ -3,6 +3,7 @@
 - `policy`: the ClusterPolicy reconciler (controller/clusterpolicy.py): operand states, status.
 - `node/<name>`: node labelling (controller/nodelabels.py), one work item per node.
 - `nvidiadrivers`: the NVIDIADriver reconciler (controller/nvidiadriver.py): driver pools.
+- `gpucluster`: the GPUCluster reconciler (controller/gpucluster.py): the DRA driver.
 - `driver-upgrade`: rolling driver upgrades (controller/upgrade.py, planner in upgrade/).
 
 Watch events enqueue only the keys they affect; nothing polls. A new reconciler is a module plus
@@ -12,19 +13,22 @@ one `register` line below (see controller/runtime.py for the interface).
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from gpu_operator.controller import (
     clusterpolicy,
     coexist_sources,
+    gpucluster,
     nodelabels,
     nvidiadriver,
+    runtime,
     strip,
     upgrade,
 )
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.controller.runtime import OWNED_KINDS, Runtime, Settings
-from gpu_operator.kube import resources
+from gpu_operator.kube import resources, server_version
 from gpu_operator.kube.cache import Informer
 from gpu_operator.kube.client import AsyncClient
 from gpu_operator.kube.leader import LeaderElector
@@ -43,24 +47,29 @@ class Operator:
         caches = rt.caches
         # The caches the reconcilers share; each is listed and watched once.
         # Bounded nesting: one hostile policy must not break validation for the others.
-        caches.add(clusterpolicy.POLICIES, resources.CLUSTER_POLICY, transform=strip.bounded)
-        caches.add(clusterpolicy.NODES, resources.NODE, transform=strip.node)
-        caches.add(clusterpolicy.PODS, resources.POD, namespace=ns, transform=strip.pod)
+        caches.add(runtime.POLICIES, resources.CLUSTER_POLICY, transform=strip.bounded)
+        caches.add(runtime.NODES, resources.NODE, transform=strip.node)
+        caches.add(runtime.PODS, resources.POD, namespace=ns, transform=strip.pod)
         caches.add(
-            clusterpolicy.REVISIONS, resources.CONTROLLER_REVISION, namespace=ns,
+            runtime.REVISIONS, resources.CONTROLLER_REVISION, namespace=ns,
             transform=strip.revision,
         )  # fmt: skip
-        caches.add(clusterpolicy.CRDS, resources.CRD, transform=strip.crd)
+        caches.add(runtime.CRDS, resources.CRD, transform=strip.crd)
+        caches.add(runtime.GPU_CLUSTERS, resources.GPU_CLUSTER)
         for api_version, kind in OWNED_KINDS:
             caches.add_owned(api_version, kind)
 
         self.labels = nodelabels.NodeLabels(rt)
         self.policy = clusterpolicy.ClusterPolicyReconciler(rt, self.labels)
-        self.labels.has_policy = lambda: self.policy.active_policy() is not None
+        self.labels.has_policy = lambda: self.policy.policy_in_charge() is not None
         self.drivers = nvidiadriver.NVIDIADriverReconciler(rt, self.labels)
         rt.register(self.labels)
         rt.register(self.policy)
         rt.register(self.drivers)
+        self.gpu_cluster = gpucluster.GPUClusterReconciler(
+            rt, functools.partial(server_version.git_version, client)
+        )
+        rt.register(self.gpu_cluster)
         self.upgrade = upgrade.UpgradeReconciler(rt)
         rt.register(self.upgrade)
         # NodeFeatures and ResourceSlices for the coexistence detector (both APIs optional).
@@ -84,7 +93,7 @@ class Operator:
 
     @property
     def nodes(self) -> Informer:
-        return self.runtime.caches[clusterpolicy.NODES]
+        return self.runtime.caches[runtime.NODES]
 
     @property
     def pending_nodes(self) -> set[str]:
@@ -98,7 +107,8 @@ class Operator:
         return clusterpolicy.cluster_facts(self.runtime)
 
     def active_policy(self) -> dict[str, Any] | None:
-        return self.policy.active_policy()
+        """The ClusterPolicy in charge (None when there is none or a GPUCluster refuses it)."""
+        return self.policy.policy_in_charge()
 
     async def run(self) -> None:
         """Start caches, wait for them, then (as leader when electing) work until cancelled."""

@@ -144,6 +144,16 @@ OWNED_KINDS = (
 )
 
 
+# The caches every reconciler may read, by name: created by the runtime's owner
+# (controller/operator.py), read through `Runtime.caches` and named in `Watch`es.
+POLICIES = "clusterpolicies"
+NODES = "nodes"
+PODS = "pods"
+REVISIONS = "revisions"
+CRDS = "crds"
+GPU_CLUSTERS = "gpuclusters"
+
+
 def owned_name(api_version: str, kind: str) -> str:
     """The cache name of an owned kind, e.g. `owned:apps/v1/DaemonSet`."""
     return f"owned:{api_version}/{kind}"

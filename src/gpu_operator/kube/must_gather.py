@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from lightkube import AsyncClient
 
+from gpu_operator.api import keys
 from gpu_operator.kube import explain_read, redact, resources
 from gpu_operator.nodes import gate
 from gpu_operator.operands import readiness
@@ -306,6 +307,33 @@ def newest_events(events: list[Obj], limit: int = EVENT_LIMIT) -> list[Obj]:
     return [events[i] for i in sorted(ranked[:limit])]
 
 
+def dra_facts_by_node(
+    names: Sequence[str], plugin_pods: list[Obj], slices: list[Obj] | None
+) -> dict[str, explain.DraFacts]:
+    """The DRA chain's facts of each DRA node from lists read once for all nodes: the DRA
+    kubelet plugin's pods (any namespace) and the ResourceSlices (None: resource.k8s.io/v1 not
+    served). Claims are not read (their pods' Events would cost a request per claim)."""
+    pods: dict[str, list[explain.PodView]] = {}
+    for pod in plugin_pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        problem = readiness.pod_problem(pod)
+        view = explain.pod_view(pod, problem[1] if problem else None)
+        pods.setdefault(str((pod.get("spec") or {}).get("nodeName")), []).append(view)
+    by_node: dict[str, list[Obj]] = {}
+    for found in slices or ():
+        by_node.setdefault(str((found.get("spec") or {}).get("nodeName")), []).append(found)
+    return {
+        name: explain.DraFacts(
+            mode="label",
+            plugin_pods=tuple(pods.get(name, ())),
+            slices=tuple(by_node.get(name, ())) if slices is not None else None,
+            claims=None,
+        )
+        for name in names
+    }
+
+
 def facts_for(
     node: Obj,
     pods: list[Obj],
@@ -313,6 +341,7 @@ def facts_for(
     daemonsets: dict[str, Obj],
     policy: Obj | None,
     startup_taint: gate.StartupTaint | None = None,
+    dra: explain.DraFacts | None = None,
 ) -> explain.NodeFacts:
     """The chain's snapshot of one node from objects already read (no log reads); `events` is
     `events_by_object`'s index, so each node costs its own events only."""
@@ -338,6 +367,7 @@ def facts_for(
         daemonsets=daemonsets,
         taints=list((node.get("spec") or {}).get("taints") or []),
         startup_taint=startup_taint,
+        dra=dra,
     )
 
 
@@ -411,9 +441,28 @@ async def gather(
         pods_by_node.setdefault(str((pod.get("spec") or {}).get("nodeName")), []).append(pod)
     index = events_by_object(events)
     taint = explain_read.startup_taint_of(deployments)
+    # DRA nodes (nvidia.com/dra-kubelet-plugin=true): the plugin's pods and the slices, listed
+    # once and only when there is one.
+    dra_names = [
+        str(n["metadata"]["name"])
+        for n in nodes
+        if (n["metadata"].get("labels") or {}).get(keys.DRA_NODE) == "true"
+    ]
+    dra: dict[str, explain.DraFacts] = {}
+    if dra_names:
+        plugin_pods, slices = await asyncio.gather(
+            _list(client, resources.POD, namespace=resources.ALL_NAMESPACES,
+                  labels={"app": explain.DRA_PLUGIN_APP}),
+            explain_read._served(client, resources.RESOURCE_SLICE),
+        )  # fmt: skip
+        dra = dra_facts_by_node(dra_names, plugin_pods, slices)
+        if slices is not None:
+            archive.add_objects("cluster/resourceslices.yaml", slices)
     for node in nodes:
         name = str(node["metadata"]["name"])
-        facts = facts_for(node, pods_by_node.get(name, []), index, by_app, policy, taint)
+        facts = facts_for(
+            node, pods_by_node.get(name, []), index, by_app, policy, taint, dra.get(name)
+        )
         archive.add_json(f"explain/{name}.json", explain.explain(facts).to_dict())
 
     async def read(item: LogRead) -> str:

@@ -20,6 +20,7 @@ from lightkube.types import PatchType
 from gpu_operator.api import keys
 from gpu_operator.kube.node_features import OWNED_LABELS_ANNOTATION as GFD_LEDGER
 from gpu_operator.nodes import labelling
+from gpu_operator.operands import dra_driver
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,10 @@ OPERATOR_SELECTOR = "app.kubernetes.io/component=gpu-operator"
 # gone (the MIG layout itself stays on the GPUs; `nvidia.com/mig.config` is the labeller's, in
 # its ledger).
 UPGRADE_LABELS = (keys.UPGRADE_STATE, keys.MIG_CONFIG_STATE)
+# The GPUCluster's deploy labels (controller/gpucluster.py): it writes only "true" and puts
+# "true" back over any other value on a GPU node, so a "true" is ours; another value is left.
+# The operator itself is gone before it could see its GPUCluster deleted.
+DRA_DEPLOY_LABELS = dra_driver.DEPLOY_LABELS
 UPGRADE_ANNOTATIONS = (
     keys.MIG_CONFIG_STATE_MESSAGE,
     keys.UPGRADE_ENABLED,
@@ -57,6 +62,11 @@ def node_patch(labels: Mapping[str, str], annotations: Mapping[str, str]) -> dic
         new_labels.update({key: None for key in gfd if key in labels})
         new_annotations[GFD_LEDGER] = None
     new_labels.update({key: None for key in UPGRADE_LABELS if key in labels})
+    dra = {key: None for key in DRA_DEPLOY_LABELS if labels.get(key) == "true"}
+    if dra and labelling.has_gpu(labels) and labels.get(keys.GPU_PRESENT) == "true":
+        # Written with them on a node NFD found a GPU on (operands/dra_driver.node_label_patch).
+        dra[keys.GPU_PRESENT] = None
+    new_labels.update(dra)
     new_annotations.update({key: None for key in UPGRADE_ANNOTATIONS if key in annotations})
     metadata: dict[str, Any] = {}
     if new_labels:

@@ -62,11 +62,33 @@ KINDS = (
     ),
     Kind("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies", False),
     Kind("nvidia.com", "v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
+    Kind("nvidia.com", "v1alpha1", "GPUCluster", "gpuclusters", False),
     Kind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", True),
     Kind("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules", True),
     Kind("nfd.k8s-sigs.io", "v1alpha1", "NodeFeature", "nodefeatures", True),
     Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     Kind("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", False),
+    # The GPUCluster's DRA driver (operands/dra_driver.py).
+    Kind("resource.k8s.io", "v1", "DeviceClass", "deviceclasses", False),
+    Kind("resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+    Kind("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", True),
+    # NVIDIA's DRA driver's compute domains (controller/computedomain.py).
+    Kind("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains", True),
+    Kind("resource.nvidia.com", "v1beta1", "ComputeDomainClique", "computedomaincliques", True),
+    Kind(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    Kind(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
 )
 
 
@@ -130,6 +152,9 @@ LEASE = resource("coordination.k8s.io/v1", "Lease")
 CRD = resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CLUSTER_POLICY = resource("nvidia.com/v1", "ClusterPolicy")
 NVIDIA_DRIVER = resource("nvidia.com/v1alpha1", "NVIDIADriver")
+GPU_CLUSTER = resource("nvidia.com/v1alpha1", "GPUCluster")
+DEPLOYMENT = resource("apps/v1", "Deployment")
 POD_DISRUPTION_BUDGET = resource("policy/v1", "PodDisruptionBudget")
 NODE_FEATURE = resource("nfd.k8s-sigs.io/v1alpha1", "NodeFeature")
 RESOURCE_SLICE = resource("resource.k8s.io/v1", "ResourceSlice")
+RESOURCE_CLAIM = resource("resource.k8s.io/v1", "ResourceClaim")

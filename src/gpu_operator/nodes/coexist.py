@@ -15,7 +15,9 @@ Three cases (docs/coexistence.md):
   a switch to a VM workload): never a finding. Two plugins for one resource make the kubelet
   keep only the last registration and break the other's allocations.
 - dra-driver: ResourceSlices of NVIDIA's DRA driver (`gpu.nvidia.com`) for the node. DRA and the
-  device plugin on one node admit the same GPU twice (NVIDIA/aicr PR #332).
+  device plugin on one node admit the same GPU twice (NVIDIA/aicr PR #332). On a node the admin
+  moved to DRA (`nvidia.com/dra-kubelet-plugin=true`) the slices are expected; there the finding
+  is a device plugin that still serves `nvidia.com/gpu` beside them.
 
 Each case has an action: `adapt` (skip only what would fight: the operator's driver is treated
 as pre-installed, its device plugin is not deployed), `refuse` (no operand on the node at all) or
@@ -176,6 +178,12 @@ class NodeFacts:
     # (the outcome's `unexplained`); None: not until now.
     unexplained_for: float | None = None
 
+    @property
+    def dra_node(self) -> bool:
+        """The admin moved the node to DRA (`nvidia.com/dra-kubelet-plugin=true`): DRA slices
+        for it are expected there."""
+        return self.labels.get(keys.DRA_NODE) == "true"
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -264,6 +272,15 @@ def _foreign_plugin(node: NodeFacts, policy: CoexistPolicy) -> tuple[str, bool, 
     return evidence, True, 0.0
 
 
+def _plugin_serving(node: NodeFacts) -> bool:
+    """A device plugin advertises allocatable GPUs on the node and is not just ours winding down
+    (our deploy label already `false` while our pod still stops)."""
+    if node.gpu_allocatable <= 0:
+        return False
+    label = node.labels.get(keys.DEPLOY_PREFIX + DEVICE_PLUGIN, "")
+    return label != "false" or not node.plugin_pod
+
+
 def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
     """The findings on one GPU node and the deploy labels they impose; or, while the node
     serves GPUs with none of our plugin in sight for less than `policy.confirm_after`, only
@@ -289,12 +306,23 @@ def detect(node: NodeFacts, policy: CoexistPolicy) -> Outcome:
     if plugin:
         found.append(Finding("foreign-device-plugin", policy.foreign_device_plugin, plugin))
     if node.dra_slices:
-        found.append(Finding(
-            "dra-driver", policy.dra_driver,
-            f"ResourceSlice(s) of the DRA driver {DRA_DRIVER} name this node "
-            f"({', '.join(sorted(node.dra_slices)[:3])}): DRA and the device plugin on one node "
-            "admit the same GPU twice",
-        ))  # fmt: skip
+        shown = ", ".join(sorted(node.dra_slices)[:3])
+        if not node.dra_node:
+            found.append(Finding(
+                "dra-driver", policy.dra_driver,
+                f"ResourceSlice(s) of the DRA driver {DRA_DRIVER} name this node ({shown}): DRA "
+                "and the device plugin on one node admit the same GPU twice (to serve this "
+                f"node through DRA on purpose, label it {keys.DRA_NODE}=true)",
+            ))  # fmt: skip
+        elif _plugin_serving(node):
+            # A DRA node: its slices are expected; a device plugin still handing out the same
+            # GPUs is not (one that is only winding down after the node moved is left alone).
+            found.append(Finding(
+                "dra-driver", policy.dra_driver,
+                f"the node is a DRA node ({keys.DRA_NODE}=true) with ResourceSlice(s) of "
+                f"{DRA_DRIVER} ({shown}), yet a device plugin serves {node.gpu_allocatable} "
+                f"allocatable {GPU_RESOURCE} there too: both would hand out the same GPU",
+            ))  # fmt: skip
     out = Outcome(findings=found, unexplained=unexplained)
     for finding in found:
         if finding.action == "refuse":

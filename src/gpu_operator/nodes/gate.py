@@ -3,9 +3,12 @@
 The node pool (cluster autoscaler, Karpenter, a cloud node pool) registers GPU nodes with the
 taint; the operator never adds it. It removes it, and only it, once the node's chain validated
 end to end: the node advertises allocatable GPUs (`nvidia.com/gpu` or `nvidia.com/mig-*`) and the
-validator pod on the node is Ready. Operand pods tolerate the taint (they must run there to
-validate the node); workloads do not, so they never land on a half-ready node. Pure: facts in,
-plan out. See docs/coexistence.md, "Readiness gate".
+validator pod on the node is Ready. A DRA node (`nvidia.com/dra-kubelet-plugin=true`) advertises
+no allocatable GPUs (the device plugin is off there): its GPUs count once the node's
+`gpu.nvidia.com` ResourceSlices publish at least as many devices as the node has GPUs.
+Operand pods tolerate the taint (they must run there to validate the node); workloads do not,
+so they never land on a half-ready node. Pure: facts in, plan out. See docs/coexistence.md,
+"Readiness gate".
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 # What a node at the gate lacks, in the short words the status message uses.
 NO_GPUS = "no allocatable GPUs"
+NO_DRA_DEVICES = "GPUs not all published as DRA devices"
+NO_SLICES = "ResourceSlices not watched"
+# The DRA driver whose ResourceSlices carry a DRA node's GPUs.
+DRA_DRIVER = "gpu.nvidia.com"
 VALIDATOR_NOT_READY = "validator not Ready"
 # Names listed per reason in the status message; the rest are counted.
 SHOWN = 5
@@ -74,6 +81,28 @@ def allocatable_gpus(allocatable: Mapping[str, Any] | None) -> int:
     return total
 
 
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+
+
+def node_gpus(labels: Mapping[str, str], capacity_gpus: int = 0) -> int:
+    """The GPUs a node has, as far as known: GFD's `nvidia.com/gpu.count`, else the whole GPUs
+    in its capacity (0: not known)."""
+    try:
+        counted = int(labels.get(GPU_COUNT_LABEL) or 0)
+    except ValueError:
+        counted = 0
+    return max(counted, capacity_gpus, 0)
+
+
+def slice_devices(slices: Sequence[Mapping[str, Any]]) -> int:
+    """The devices published in the gpu.nvidia.com ResourceSlices among `slices`."""
+    return sum(
+        len((s.get("spec") or {}).get("devices") or ())
+        for s in slices
+        if (s.get("spec") or {}).get("driver") == DRA_DRIVER
+    )
+
+
 @dataclass(frozen=True)
 class GateFacts:
     """What the gate reads about one node: its taints, the GPUs (and MIG slices) it advertises
@@ -82,6 +111,13 @@ class GateFacts:
     taints: Sequence[Mapping[str, Any]]
     gpu_allocatable: int = 0
     validator_ready: bool = False
+    # A DRA node: its GPUs are the devices its gpu.nvidia.com ResourceSlices publish
+    # (`dra_devices`; None: the slices are not read, resource.k8s.io/v1 is not served), to be
+    # compared with `gpus`, the GPUs the node has (GFD's gpu.count, else its capacity; 0: not
+    # known, then one device is enough).
+    dra: bool = False
+    dra_devices: int | None = None
+    gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,7 +151,18 @@ def plan(facts: GateFacts, taint: StartupTaint | None) -> GatePlan:
     if taint is None or not any(taint.matches(t) for t in facts.taints):
         return GatePlan(remove=False)
     wanted, short = [], []
-    if facts.gpu_allocatable <= 0:
+    if facts.dra:
+        need = max(facts.gpus, 1)
+        if facts.dra_devices is None:
+            wanted.append(f"{DRA_DRIVER} ResourceSlices (resource.k8s.io/v1 is not watched)")
+            short.append(NO_SLICES)
+        elif facts.dra_devices < need:
+            wanted.append(
+                f"{need} device(s) in its {DRA_DRIVER} ResourceSlices "
+                f"({facts.dra_devices} published)"
+            )
+            short.append(NO_DRA_DEVICES)
+    elif facts.gpu_allocatable <= 0:
         wanted.append(f"allocatable {GPU_RESOURCE} (or {MIG_PREFIX}*)")
         short.append(NO_GPUS)
     if not facts.validator_ready:

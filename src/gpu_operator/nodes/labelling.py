@@ -26,6 +26,7 @@ VM_VGPU_OPERANDS = (
     "cc-manager", "client",
 )  # fmt: skip
 MIG_MANAGER = "mig-manager"
+DEVICE_PLUGIN = "device-plugin"
 # Node agents that pause other operands by rewriting their deploy labels, and restore them when
 # done. A pause left by an agent the node no longer runs (its workload config changed while it
 # was busy) would never end: such a value goes back to "true".
@@ -130,6 +131,12 @@ def preinstalled_conflict(labels: Mapping[str, str], policy: LabelPolicy | None)
         and labels.get(keys.GPU_PRESENT) == "true"
         and preinstalled_driver(labels)
     )
+
+
+def dra_node(labels: Mapping[str, str]) -> bool:
+    """A node moved to DRA (`nvidia.com/dra-kubelet-plugin=true`): a DRA kubelet plugin serves
+    its GPUs, so the operator's device plugin must not (never both on one GPU)."""
+    return labels.get(keys.DRA_NODE) == "true"
 
 
 def has_nfd(labels: Mapping[str, str]) -> bool:
@@ -239,7 +246,11 @@ def plan_node(
     mode, with the owner label `owner` asks for). `coexist` (deploy-label suffix -> value) and
     `refuse` are the coexistence detector's answer for the node (nodes/coexist.py)."""
     writer = _Writer(labels, annotations)
-    overrides = coexist or {}
+    overrides = dict(coexist or {})
+    dra = dra_node(labels)
+    if dra:
+        # The admin's choice, whatever the detector saw: DRA serves this node's GPUs.
+        overrides[DEVICE_PLUGIN] = "false"
     deploy_keys = [k for k in labels if k.startswith(keys.DEPLOY_PREFIX)]
     # k8s-driver-manager's `pre-installed` describes the host, not a wish: never overwritten or
     # removed (upstream only ever adds missing deploy labels, so it keeps it too), and not a
@@ -280,9 +291,14 @@ def plan_node(
             if override is not None:
                 writer.set(key, override)
                 continue
-            if coexist is not None and labels.get(key) == "false" and writer.owns(key):
-                # The detector's own `false` (the operator writes no other), no longer warranted:
-                # the DRA driver or the other device plugin went away.
+            if (
+                (coexist is not None or key == keys.DEPLOY_PREFIX + DEVICE_PLUGIN)
+                and labels.get(key) == "false"
+                and writer.owns(key)
+            ):
+                # The operator's own `false` (the detector's, or a DRA node's), no longer
+                # warranted: the DRA driver or the other device plugin went away, or the node
+                # left DRA (its `nvidia.com/dra-kubelet-plugin` label was removed).
                 writer.set(key, "true")
                 continue
             pauser = PAUSED_BY.get(labels.get(key, ""))

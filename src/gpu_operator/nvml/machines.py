@@ -11,7 +11,7 @@ from typing import Literal
 
 import pydantic
 
-from gpu_operator.nvml import catalog
+from gpu_operator.nvml import catalog, protocol
 
 
 class UnknownMachine(LookupError):
@@ -20,6 +20,10 @@ class UnknownMachine(LookupError):
 
 class MachineFileError(ValueError):
     """A machine YAML file is unreadable or invalid; the message names the field."""
+
+
+# A cluster UUID as NVML's fabric info spells it (16 bytes, 8-4-4-4-12 hex).
+_UUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
 
 class _Strict(pydantic.BaseModel):
@@ -61,12 +65,17 @@ class GpuGroup(_Strict):
 
 class Fabric(_Strict):
     """NVLink fabric membership. `state` is the fabric probe's (nvmlGpuFabricState_t: 3 is
-    completed) and `status` its outcome (an NVML return code: 0 success, 10 timeout)."""
+    completed) and `status` its outcome (an NVML return code: 0 success, 10 timeout);
+    `healthMask` the health bits NVML's versioned call reports (protocol.FabricHealth; the
+    default 0x1aa is a healthy fabric, 0 a driver that reports no health)."""
 
-    cluster_uuid: str = pydantic.Field(alias="clusterUuid")
+    cluster_uuid: str = pydantic.Field(alias="clusterUuid", pattern=_UUID)
     clique_id: int = pydantic.Field(alias="cliqueId", ge=0)
     state: int = pydantic.Field(default=3, ge=0, le=3)
     status: int = pydantic.Field(default=0, ge=0)
+    health_mask: int = pydantic.Field(
+        default=protocol.HEALTHY_FABRIC_MASK, alias="healthMask", ge=0, le=0xFFFFFFFF
+    )
 
 
 class Host(_Strict):
@@ -227,6 +236,24 @@ def _presets() -> dict[str, MachineSpec]:
             migEnabled=True,
             migDevices=["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"],
         ),
+        # Half the GPUs split into MIG devices, half whole: a node that serves both kinds (the
+        # DRA demo claims a whole GPU and a MIG device by profile on one node).
+        MachineSpec.model_validate(
+            {
+                "name": "dgx-a100-mig-half",
+                "productName": "NVIDIA DGX A100",
+                "host": _EPYC_7742,
+                "gpus": [
+                    {
+                        "model": a100,
+                        "count": 4,
+                        "migEnabled": True,
+                        "migDevices": ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"],
+                    },
+                    {"model": a100, "count": 4},
+                ],
+            }
+        ),
     ]
     b200 = presets[4].model_copy(
         update={"driver_version": "560.28.03", "cuda_driver_version": 12060}
@@ -238,7 +265,47 @@ def _presets() -> dict[str, MachineSpec]:
             presets[index] = preset.model_copy(
                 update={"driver_version": "580.82.07", "cuda_driver_version": 13000}
             )
+    presets += [_nvl72_tray("gb200-nvl72", "GB200-186GB"), _nvl72_tray("gb300-nvl72", "GB300")]
     return {p.name: p for p in presets}
+
+
+# An NVL72 rack is 18 compute trays of 4 GPUs (two Grace-Blackwell superchips: two 72-core
+# Grace CPUs, one thread per core, one ConnectX NIC per GPU) behind the rack's NVLink switches.
+# The fabric manager gives every GPU of a rack the rack's cluster UUID, and the clique id of
+# its NVLink partition: 32766 is the default partition that spans the whole rack.
+NVL72_TRAYS = 18
+NVL72_GPUS_PER_TRAY = 4
+DEFAULT_PARTITION = 32766
+_NVL72_RACK_UUID = "6a1c3f2e-0b7d-4e59-9c21-72a8d4f0b001"
+
+
+def _nvl72_tray(name: str, model: str) -> MachineSpec:
+    return MachineSpec.model_validate(
+        {
+            "name": name,
+            "productName": f"NVIDIA {model.split('-')[0]} NVL72",
+            "driverVersion": "580.82.07",
+            "cudaDriverVersion": 13000,
+            "nvlink": "nvswitch",
+            "gpus": [{"model": model, "count": NVL72_GPUS_PER_TRAY}],
+            "fabric": {"clusterUuid": _NVL72_RACK_UUID, "cliqueId": DEFAULT_PARTITION},
+            "host": {"sockets": 2, "coresPerSocket": 72, "threadsPerCore": 1, "nics": 4},
+        }
+    )
+
+
+def in_rack(
+    spec: MachineSpec, cluster_uuid: str, clique_id: int = DEFAULT_PARTITION
+) -> MachineSpec:
+    """`spec` as a tray of the rack `cluster_uuid`, in NVLink partition `clique_id` (the fabric
+    state, status and health stay the preset's). ValueError for a machine without a fabric."""
+    if spec.fabric is None:
+        raise ValueError(f"machine {spec.name} has no NVLink fabric; it cannot join a rack")
+    fabric = Fabric.model_validate(
+        {**spec.fabric.model_dump(by_alias=True), "clusterUuid": cluster_uuid,
+         "cliqueId": clique_id}
+    )  # fmt: skip
+    return spec.model_copy(update={"fabric": fabric})
 
 
 PRESETS: dict[str, MachineSpec] = _presets()

@@ -116,6 +116,8 @@ class _Gpu:
     processes: dict[int, _Process] = field(default_factory=dict)
     energy_mj: float = 0.0
     energy_at: float | None = None
+    # The GPU's NVLink fabric registration (the machine's, until `set_fabric` changes it).
+    fabric: machines.Fabric | None = None
 
     def mig_devices(self) -> list[tuple[_Gi, _Ci]]:
         return [(gi, ci) for gi in sorted(self.gis.values(), key=lambda g: g.id)
@@ -193,6 +195,7 @@ class MockMachine:
                     bus_id=f"00000000:{bus:02X}:00.0",
                     pci_class=gpu_model.pci_class,
                     phase=(_mix(self.seed, i, 7) % 6283) / 1000.0,
+                    fabric=spec.fabric,
                 )
             )
         self.nics: list[Nic] = []
@@ -370,6 +373,32 @@ class MockMachine:
                 g.recovery = p.RecoveryAction.GPU_RESET
             event = p.EventType.DOUBLE_BIT_ECC if uncorrected else p.EventType.SINGLE_BIT_ECC
             self._emit(g, event, 0, None, None)
+
+    def set_fabric(
+        self,
+        gpu: int | None = None,
+        *,
+        state: int | None = None,
+        status: int | None = None,
+        health_mask: int | None = None,
+    ) -> None:
+        """Change the NVLink fabric registration of `gpu` (every GPU when None): the probe's
+        `state` (protocol.FABRIC_STATE_*), its `status` (an NVML return code) and the
+        `health_mask` (protocol.fabric_health_mask). ValueError on a machine without a fabric.
+        The fabric manager, not a GPU reset, changes these; they survive `reset`."""
+        if self.spec.fabric is None:
+            raise ValueError(f"machine {self.spec.name} has no NVLink fabric")
+        changes: dict[str, int] = {}
+        for key, value in (("state", state), ("status", status), ("health_mask", health_mask)):
+            if value is not None:
+                changes[key] = value
+        with self.lock:
+            targets = self.gpus if gpu is None else [self._gpu(gpu)]
+            for g in targets:
+                current = g.fabric or self.spec.fabric
+                data = {**current.model_dump(), **changes}
+                g.fabric = machines.Fabric.model_validate(data)
+            self._changed.notify_all()
 
     def fall_off_bus(self, gpu: int) -> None:
         """Lose `gpu`: XID 79 is raised and every later call on it fails with GpuLost."""
@@ -1236,12 +1265,18 @@ class MockDevice(_Handle):
     def fabric_info(self) -> p.FabricInfo:
         with self._m.lock:
             self._enter("fabric_info")
-            fabric = self._m.spec.fabric
+            fabric = self._g.fabric
             if fabric is None:
                 raise errors.NotSupported(
                     f"GPU {self._g.index} is not attached to an NVLink fabric"
                 )
-            return p.FabricInfo(fabric.cluster_uuid, fabric.clique_id, fabric.state, fabric.status)
+            return p.FabricInfo(
+                fabric.cluster_uuid,
+                fabric.clique_id,
+                fabric.state,
+                fabric.status,
+                fabric.health_mask,
+            )
 
 
 class MockMigDevice(MockDevice):

@@ -538,6 +538,9 @@ class MockPynvml:
         target.cliqueId = info.clique_id
         target.state = info.state
         target.status = info.status
+        # Only the versioned struct (nvmlGpuFabricInfo_v2 and later) carries the health bits.
+        if any(name == "healthMask" for name, *_ in type(target)._fields_):
+            target.healthMask = info.health_mask
 
     def nvmlDeviceGetGpuFabricInfo(self, h: _Device, ref: Any) -> int:
         self._fill_fabric(h, ref)

@@ -24,6 +24,7 @@ __all__ = [
     "EventData",
     "EventSet",
     "EventType",
+    "FabricHealth",
     "FabricInfo",
     "GpmMetric",
     "GpmSample",
@@ -98,7 +99,61 @@ class GpmMetric(enum.IntEnum):
     FP16_UTIL = 13
 
 
-FABRIC_STATE_COMPLETED = 3  # nvmlGpuFabricState_t
+# nvmlGpuFabricState_t: the fabric manager's registration of a GPU.
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_IN_PROGRESS = 2
+FABRIC_STATE_COMPLETED = 3
+
+
+class FabricHealth(enum.IntEnum):
+    """The conditions packed into nvmlGpuFabricInfo_v2's `healthMask` (NVML_GPU_FABRIC_HEALTH_
+    MASK_*), each by its bit shift. Every condition is two bits wide (0 not supported, 1 true,
+    2 false) except the misconfiguration, which is four bits holding which one (1 none)."""
+
+    DEGRADED_BANDWIDTH = 0
+    ROUTE_RECOVERY = 2
+    ROUTE_UNHEALTHY = 4
+    ACCESS_TIMEOUT_RECOVERY = 6
+    INCORRECT_CONFIGURATION = 8
+
+
+FABRIC_HEALTH_TRUE = 1
+FABRIC_HEALTH_FALSE = 2
+# The misconfigurations NVML names (NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_*).
+FABRIC_MISCONFIGURATIONS = {
+    1: "None",
+    2: "Incorrect SysGUID",
+    3: "Incorrect Chassis Serial Number",
+    4: "No Partition",
+    5: "Insufficient NVLinks",
+    6: "Incompatible GPU Firmware",
+    7: "Invalid Location",
+    8: "GPU State Invalid",
+}
+
+
+def fabric_health_mask(
+    *,
+    degraded_bandwidth: bool = False,
+    route_recovery: bool = False,
+    route_unhealthy: bool = False,
+    access_timeout_recovery: bool = False,
+    incorrect_configuration: int = 1,
+) -> int:
+    """The `healthMask` a driver that reports fabric health returns (0x1aa when all is well)."""
+    mask = 0
+    for shift, flag in (
+        (FabricHealth.DEGRADED_BANDWIDTH, degraded_bandwidth),
+        (FabricHealth.ROUTE_RECOVERY, route_recovery),
+        (FabricHealth.ROUTE_UNHEALTHY, route_unhealthy),
+        (FabricHealth.ACCESS_TIMEOUT_RECOVERY, access_timeout_recovery),
+    ):
+        mask |= (FABRIC_HEALTH_TRUE if flag else FABRIC_HEALTH_FALSE) << shift
+    return mask | (incorrect_configuration & 0xF) << FabricHealth.INCORRECT_CONFIGURATION
+
+
+HEALTHY_FABRIC_MASK = fabric_health_mask()
 
 
 class PcieUtilCounter(enum.IntEnum):
@@ -178,11 +233,37 @@ class FabricInfo:
     clique_id: int
     state: int
     status: int = 0
+    # nvmlGpuFabricInfo_v2's health bits (FabricHealth); 0 where the driver reports no health
+    # (the unversioned call, or a driver that leaves it unset).
+    health_mask: int = 0
 
     @property
     def completed(self) -> bool:
         """The fabric manager finished registering the GPU, successfully."""
         return self.state == FABRIC_STATE_COMPLETED and self.status == 0
+
+    def health(self, condition: FabricHealth) -> int:
+        """One condition's field of the health mask (0 = not reported)."""
+        width = 0xF if condition is FabricHealth.INCORRECT_CONFIGURATION else 0x3
+        return (self.health_mask >> condition) & width
+
+    def unhealthy(self) -> list[str]:
+        """The fabric faults the health mask reports, in words (empty when healthy or unknown)."""
+        faults = [
+            what
+            for condition, what in (
+                (FabricHealth.DEGRADED_BANDWIDTH, "bandwidth degraded"),
+                (FabricHealth.ROUTE_RECOVERY, "route recovery in progress"),
+                (FabricHealth.ROUTE_UNHEALTHY, "route unhealthy"),
+                (FabricHealth.ACCESS_TIMEOUT_RECOVERY, "access timeout recovery in progress"),
+            )
+            if self.health(condition) == FABRIC_HEALTH_TRUE
+        ]
+        config = self.health(FabricHealth.INCORRECT_CONFIGURATION)
+        if config > 1:
+            name = FABRIC_MISCONFIGURATIONS.get(config, f"code {config}")
+            faults.append(f"incorrect configuration ({name})")
+        return faults
 
 
 @dataclass(frozen=True)

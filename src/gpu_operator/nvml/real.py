@@ -495,6 +495,7 @@ class RealDevice:
         # The versioned call (R550+) replaces the plain one, which pynvml marks deprecated.
         lib = self._call.lib
         info: Any = None
+        health = 0
         if hasattr(lib, "c_nvmlGpuFabricInfoV_t"):
             info = lib.c_nvmlGpuFabricInfoV_t()
             try:
@@ -503,12 +504,16 @@ class RealDevice:
                 if err.code not in _CALL_ABSENT:
                     raise
                 info = None
+            else:
+                # nvmlGpuFabricInfo_v2 adds the health bits (degraded bandwidth, route recovery,
+                # misconfiguration...); the plain struct has none.
+                health = int(getattr(info, "healthMask", 0))
         if info is None:
             info = lib.c_nvmlGpuFabricInfo_t()
             self._call("nvmlDeviceGetGpuFabricInfo", self._h, ctypes.byref(info))
         text = bytes(info.clusterUuid).hex()
         cluster = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:32]}"
-        return p.FabricInfo(cluster, int(info.cliqueId), int(info.state), int(info.status))
+        return p.FabricInfo(cluster, int(info.cliqueId), int(info.state), int(info.status), health)
 
 
 class RealGpmSample:

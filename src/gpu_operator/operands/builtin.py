@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_operator.operands import common
-from gpu_operator.operands.common import Obj
+from gpu_operator.operands import podspec
 from gpu_operator.operands.facts import ClusterFacts
 
 OPERATOR_IMAGE_ENV = "OPERATOR_IMAGE"
@@ -141,6 +140,7 @@ NEEDS: Mapping[str, Needs] = {
     "mps-control-daemon-ctr": _MPS,
     "gpu-feature-discovery": _GFD,
     "nvidia-dcgm-exporter": _EXPORTER,
+    "nvidia-dcgm-exporter-dra": _EXPORTER,  # a GPUCluster's (operands/dra_driver.py)
     "nvidia-mig-manager": _MIG,
     "nvidia-node-status-exporter": _NODE_STATUS,
     "nvidia-operator-validator": _VALIDATOR,
@@ -185,11 +185,11 @@ def needs_for(name: str) -> Needs | None:
     return None
 
 
-def apply(ds: Obj, facts: ClusterFacts) -> None:
+def apply(ds: podspec.Obj, facts: ClusterFacts) -> None:
     """Give every container of `ds` that runs our image what its agent needs (see above)."""
     if operator_image(facts) is None:
         return
-    for ctr in common.all_containers(ds):
+    for ctr in podspec.all_containers(ds):
         if not runs_ours(str(ctr.get("image", "")), facts):
             continue
         needs = needs_for(str(ctr["name"]))
@@ -207,5 +207,5 @@ def apply(ds: Obj, facts: ClusterFacts) -> None:
         if needs.command is not None and not ctr.get("command"):
             ctr["command"] = list(needs.command)
         for name, value in needs.env:
-            if common.get_env(ctr, name) is None:
-                common.set_env(ctr, name, value)
+            if podspec.get_env(ctr, name) is None:
+                podspec.set_env(ctr, name, value)

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from gpu_operator import api
 from gpu_operator.api import enablement, images, keys
 from gpu_operator.api.clusterpolicy import ContainerSpec
 from gpu_operator.api.core_types import EnvVar, ImageSpec
+from gpu_operator.operands import builtin
 from gpu_operator.operands.facts import ClusterFacts
-
-Obj = dict[str, Any]
+from gpu_operator.operands.podspec import Obj as Obj
+from gpu_operator.operands.podspec import all_containers as all_containers
+from gpu_operator.operands.podspec import containers as containers
+from gpu_operator.operands.podspec import env as env
+from gpu_operator.operands.podspec import get_env as get_env
+from gpu_operator.operands.podspec import init_containers as init_containers
+from gpu_operator.operands.podspec import pod_spec as pod_spec
+from gpu_operator.operands.podspec import set_env as set_env
 
 STATE_LABEL = keys.OPERATOR_STATE_LABEL
 PART_OF_LABEL = "app.kubernetes.io/part-of"
@@ -217,10 +223,6 @@ def service_monitor(
 # --- containers, volumes, env -------------------------------------------------------------------
 
 
-def env(name: str, value: str) -> Obj:
-    return {"name": name, "value": value}
-
-
 def field_env(name: str, field_path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
@@ -276,25 +278,6 @@ def container(
     return found
 
 
-def set_env(ctr: Obj, name: str, value: str) -> None:
-    """Upsert a literal env var, keeping its position when it exists."""
-    items: list[Obj] = ctr.setdefault("env", [])
-    for item in items:
-        if item["name"] == name:
-            item.pop("valueFrom", None)
-            item["value"] = value
-            return
-    items.append(env(name, value))
-
-
-def get_env(ctr: Obj, name: str) -> str | None:
-    for item in ctr.get("env", []):
-        if item["name"] == name:
-            value = item.get("value")
-            return None if value is None else str(value)
-    return None
-
-
 def upsert_env(ctr: Obj, env_vars: Iterable[EnvVar] | None) -> None:
     """Apply user env after the operator's own, so users can override anything."""
     for var in env_vars or ():
@@ -306,25 +289,6 @@ def add_mount(ctr: Obj, item: Obj) -> None:
     mounts: list[Obj] = ctr.setdefault("volumeMounts", [])
     mounts[:] = [m for m in mounts if m["mountPath"] != item["mountPath"]]
     mounts.append(item)
-
-
-def pod_spec(ds: Obj) -> Obj:
-    spec: Obj = ds["spec"]["template"]["spec"]
-    return spec
-
-
-def containers(ds: Obj) -> list[Obj]:
-    found: list[Obj] = pod_spec(ds)["containers"]
-    return found
-
-
-def init_containers(ds: Obj) -> list[Obj]:
-    found: list[Obj] = pod_spec(ds).setdefault("initContainers", [])
-    return found
-
-
-def all_containers(ds: Obj) -> list[Obj]:
-    return [*init_containers(ds), *containers(ds)]
 
 
 def main_container(ds: Obj) -> Obj:
@@ -617,8 +581,6 @@ def finalize(
     _apply_metadata(ds, spec)
     _apply_validation_inits(ds, policy, facts)
     # Last: containers that run our image get what our agents need (operands/builtin.py).
-    from gpu_operator.operands import builtin
-
     builtin.apply(ds, facts)
     return ds
 

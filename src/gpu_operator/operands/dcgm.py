@@ -21,13 +21,20 @@ def enabled(policy: api.ClusterPolicy, facts: ClusterFacts) -> bool:
     return enablement.is_enabled(policy.spec, "dcgm")
 
 
-def _base(facts: ClusterFacts) -> Obj:
+def host_engine_container() -> Obj:
+    """The host engine's container: port 5555 and upstream's TCP probes (a GPUCluster's
+    `nvidia-dcgm-dra` runs the same one, operands/dra_driver.py)."""
     main = container(CTR, command=["nv-hostengine"], args=["-n", "-b", "ALL"], privileged=True)
     main["ports"] = [{"name": "dcgm", "containerPort": PORT, "protocol": "TCP"}]
     # Upstream's probes: the host engine accepts connections on its port.
     probe = {"tcpSocket": {"port": PORT}, "initialDelaySeconds": 15}
     main["livenessProbe"] = dict(probe)
     main["readinessProbe"] = dict(probe)
+    return main
+
+
+def _base(facts: ClusterFacts) -> Obj:
+    main = host_engine_container()
     return common.daemonset(
         DS_NAME,
         NAME,

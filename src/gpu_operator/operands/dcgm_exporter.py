@@ -27,6 +27,9 @@ REMOTE_ENGINE = "DCGM_REMOTE_HOSTENGINE_INFO"
 POD_LABELS_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"
 POD_UID_ENV = "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID"
 ALLOWLIST_ENV = "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX"
+# The kubelet names DRA-allocated GPUs by (pool, device): the exporter maps them through the
+# ResourceSlices to attribute a GPU to its pod (a GPUCluster's exporter sets it).
+DRA_ENV = "KUBERNETES_ENABLE_DRA"
 # `namespace:name` of a ConfigMap the exporter reads its counters from through the API;
 # "none" (the exporter's default) and "" mean no read.
 CONFIGMAP_DATA_ENV = "DCGM_EXPORTER_CONFIGMAP_DATA"
@@ -48,7 +51,12 @@ def check_metrics_config(policy: api.ClusterPolicy, facts: ClusterFacts) -> None
     the exporter pod in ContainerCreating with FailedMount "configmap references non-existent
     config key".
     """
-    name = metrics_config_map(policy)
+    check_metrics_csv(metrics_config_map(policy), facts)
+
+
+def check_metrics_csv(name: str | None, facts: ClusterFacts) -> None:
+    """The counters of ConfigMap `name` (`dcgmExporter.config.name` of a ClusterPolicy or a
+    GPUCluster) parse, when known; RenderError names every bad line."""
     text = (facts.config_map_data.get(name) or {}).get(METRICS_KEY) if name else None
     if name is None or text is None:
         return  # no custom counters, or their contents are unknown (offline, not given)
@@ -99,12 +107,13 @@ def metrics_config_map(policy: api.ClusterPolicy) -> str | None:
     return config.name if config and config.name else None
 
 
-def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
-    kubelet = enablement.host_paths(policy.spec).kubeletRootDir.rstrip("/")
+def exporter_container(name: str = CTR) -> Obj:
+    """The exporter's container: its env, the pod-resources mount, port 9400 and upstream's
+    health probes (a GPUCluster's `nvidia-dcgm-exporter-dra` runs the same one)."""
     # No command: the image's entrypoint starts the exporter, as upstream runs it (the
     # distroless exporter image has no shell to run a command line with).
     main = container(
-        CTR,
+        name,
         env_vars=[
             env("DCGM_EXPORTER_LISTEN", f":{PORT}"),
             env("DCGM_EXPORTER_KUBERNETES", "true"),
@@ -119,6 +128,65 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
     # Upstream's probes: liveness every 5 s, readiness at the default period.
     main["livenessProbe"] = {**health, "periodSeconds": 5}
     main["readinessProbe"] = dict(health)
+    return main
+
+
+def apply_metrics_config(ds: Obj, config_map: str | None) -> None:
+    """Point the exporter at key `dcgm-metrics.csv` of the user's counters ConfigMap, mounted."""
+    if config_map is None:
+        return
+    main_ctr = common.main_container(ds)
+    set_env(main_ctr, "DCGM_EXPORTER_COLLECTORS", METRICS_PATH)
+    item = mount("metrics-config", METRICS_PATH, read_only=True)
+    item["subPath"] = METRICS_KEY
+    common.add_mount(main_ctr, item)
+    common.add_volume(
+        ds,
+        {
+            "name": "metrics-config",
+            "configMap": {
+                "name": config_map,
+                # Upstream mounts this one key: a ConfigMap without it cannot be mounted.
+                "items": [{"key": METRICS_KEY, "path": METRICS_KEY}],
+            },
+        },
+    )
+
+
+def apply_exporter_options(
+    ds: Obj, exporter: api.clusterpolicy.DCGMExporterSpec, *, remote: str | None, dra: bool = False
+) -> None:
+    """The exporter section's switches: the remote host engine, hostPID, HPC job mapping, pod
+    labels/UID, the label allowlist and pod annotations. `dra`: GPUs come through DRA claims, so
+    the exporter resolves the kubelet's (pool, device) names from ResourceSlices."""
+    ctr = common.main_container(ds)
+    pod = common.pod_spec(ds)
+    if remote:
+        set_env(ctr, REMOTE_ENGINE, remote)
+    if exporter.hostPID:
+        pod["hostPID"] = True
+    hpc = exporter.hpcJobMapping
+    if hpc and hpc.enabled:
+        set_env(ctr, "DCGM_HPC_JOB_MAPPING_DIR", hpc.directory)
+        common.add_volume(ds, host_path("hpc-job-mapping", hpc.directory, "DirectoryOrCreate"))
+        common.add_mount(ctr, mount("hpc-job-mapping", hpc.directory, read_only=True))
+    if dra:
+        set_env(ctr, DRA_ENV, "true")
+    if exporter.enablePodLabels:
+        set_env(ctr, POD_LABELS_ENV, "true")
+    if exporter.enablePodUID:
+        set_env(ctr, POD_UID_ENV, "true")
+    if exporter.podLabelAllowlistRegex:
+        set_env(ctr, ALLOWLIST_ENV, ",".join(exporter.podLabelAllowlistRegex))
+    if exporter.annotations:
+        ds["spec"]["template"]["metadata"].setdefault("annotations", {}).update(
+            exporter.annotations
+        )
+
+
+def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
+    kubelet = enablement.host_paths(policy.spec).kubeletRootDir.rstrip("/")
+    main = exporter_container()
     ds = common.daemonset(
         DS_NAME,
         NAME,
@@ -133,24 +201,7 @@ def _base(policy: api.ClusterPolicy, facts: ClusterFacts) -> Obj:
         ],
     )
     common.pod_spec(ds)["automountServiceAccountToken"] = False
-    config_map = metrics_config_map(policy)
-    if config_map is not None:
-        main_ctr = common.main_container(ds)
-        set_env(main_ctr, "DCGM_EXPORTER_COLLECTORS", METRICS_PATH)
-        item = mount("metrics-config", METRICS_PATH, read_only=True)
-        item["subPath"] = METRICS_KEY
-        common.add_mount(main_ctr, item)
-        common.add_volume(
-            ds,
-            {
-                "name": "metrics-config",
-                "configMap": {
-                    "name": config_map,
-                    # Upstream mounts this one key: a ConfigMap without it cannot be mounted.
-                    "items": [{"key": METRICS_KEY, "path": METRICS_KEY}],
-                },
-            },
-        )
+    apply_metrics_config(ds, metrics_config_map(policy))
     return ds
 
 
@@ -158,28 +209,10 @@ def _transform(ds: Obj, policy: api.ClusterPolicy, facts: ClusterFacts) -> None:
     spec = policy.spec
     exporter = spec.dcgmExporter
     ctr = common.main_container(ds)
-    pod = common.pod_spec(ds)
-    if enablement.is_enabled(spec, "dcgm"):
-        set_env(ctr, REMOTE_ENGINE, f"{dcgm.DS_NAME}:{dcgm.PORT}")
-    if exporter.hostPID:
-        pod["hostPID"] = True
-    hpc = exporter.hpcJobMapping
-    if hpc and hpc.enabled:
-        set_env(ctr, "DCGM_HPC_JOB_MAPPING_DIR", hpc.directory)
-        common.add_volume(ds, host_path("hpc-job-mapping", hpc.directory, "DirectoryOrCreate"))
-        common.add_mount(ctr, mount("hpc-job-mapping", hpc.directory, read_only=True))
-    if exporter.enablePodLabels:
-        set_env(ctr, POD_LABELS_ENV, "true")
-    if exporter.enablePodUID:
-        set_env(ctr, POD_UID_ENV, "true")
-    if exporter.podLabelAllowlistRegex:
-        set_env(ctr, ALLOWLIST_ENV, ",".join(exporter.podLabelAllowlistRegex))
+    remote = f"{dcgm.DS_NAME}:{dcgm.PORT}" if enablement.is_enabled(spec, "dcgm") else None
+    apply_exporter_options(ds, exporter, remote=remote)
     if needs_api_token(policy):
-        pod["automountServiceAccountToken"] = True
-    if exporter.annotations:
-        ds["spec"]["template"]["metadata"].setdefault("annotations", {}).update(
-            exporter.annotations
-        )
+        common.pod_spec(ds)["automountServiceAccountToken"] = True
     common.apply_runtime_class(ds, policy, facts)
     common.apply_operand_spec(ds, exporter, "dcgmExporter", facts)
     # An embedded host engine reached on localhost only works on the host's network.

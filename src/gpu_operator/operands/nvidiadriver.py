@@ -133,6 +133,15 @@ NO_POLICY_MESSAGE = (
 )
 
 
+def refused_policy_message(policy: str) -> str:
+    """NVIDIADriver's status while the GPUCluster refuses the (newer) ClusterPolicy."""
+    return (
+        f"no ClusterPolicy in charge: ClusterPolicy {policy} is refused because an older "
+        "GPUCluster runs the cluster (see its status); NVIDIADriver objects take effect through "
+        "a ClusterPolicy in charge with spec.driver.useNvidiaDriverCRD: true"
+    )
+
+
 # ----- pools -----------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ never "not usable".
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -119,6 +119,52 @@ class PolicyView:
     default_workload: str = keys.WORKLOAD_CONTAINER
 
 
+# The DRA chain (docs/dra.md): NVIDIA's DRA driver's kubelet plugin pods (its chart, our stand-in
+# and the GPUCluster's DaemonSet all label them so), its driver name, and the Event the kubelet
+# records when a plugin fails to prepare a pod's claims.
+DRA_PLUGIN_APP = "nvidia-dra-driver-kubelet-plugin"
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_PREPARE_FAILED = "FailedPrepareDynamicResources"
+# What our plugin logs while the device plugin still serves the node, and per GPU it withholds
+# (agents/dra_kubelet_plugin/handover.py).
+_HANDOVER_BLOCKED = "publishing no devices"
+_HANDOVER_WITHHELD = re.compile(r"withheld: held through the device plugin", re.I)
+
+
+@dataclass(frozen=True)
+class ClaimPod:
+    """A pod a ResourceClaim is reserved for: whether it runs, and its Warning Events."""
+
+    ref: str  # namespace/name
+    phase: str = "Running"
+    problem: str | None = None  # readiness.pod_problem's text; None: running and ready
+    events: tuple[str, ...] = ()  # "Reason: message" of its Warning Events
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """A ResourceClaim allocated on the node: its devices of the node's pool, its pods."""
+
+    ref: str  # namespace/name
+    devices: tuple[str, ...] = ()
+    pods: tuple[ClaimPod, ...] = ()
+
+
+@dataclass(frozen=True)
+class DraFacts:
+    """What the DRA chain reads about a node that gets its GPUs through DRA.
+
+    `mode`: why the node is a DRA node ("label": nvidia.com/dra-kubelet-plugin=true under a
+    ClusterPolicy; "gpucluster": every GPU node under a GPUCluster). `slices` and `claims` are
+    None when resource.k8s.io/v1 is not served (or the snapshot did not read them)."""
+
+    mode: Literal["label", "gpucluster"] = "label"
+    # None: not known (the operator's own cache sees only its namespace's pods).
+    plugin_pods: tuple[PodView, ...] | None = ()
+    slices: tuple[Obj, ...] | None = None
+    claims: tuple[ClaimView, ...] | None = None
+
+
 @dataclass(frozen=True)
 class NodeFacts:
     """One node's facts. `None` means the snapshot does not know (the status path reads no
@@ -148,6 +194,10 @@ class NodeFacts:
     # The pods outside the operator's namespace that hold GPUs on the node: "namespace/name" ->
     # the GPU resources (whole GPUs and MIG devices) they request. None: not read.
     gpu_pods: Mapping[str, int] | None = None
+    # The DRA chain's facts on a DRA node (None: not a DRA node, or not read: the chain is the
+    # device plugin's). A node labelled nvidia.com/dra-kubelet-plugin=true without them still
+    # has its device-plugin links skipped (the status path reads no slices).
+    dra: DraFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +236,12 @@ class Verdict:
     links: tuple[Link, ...]
     # While the startup taint is on the node: what it waits for ("" when not at the gate).
     startup_gate: str = ""
+    # The chain walked: the device plugin's (CHAIN) or the DRA driver's (DRA_CHAIN).
+    dra: bool = False
+
+    @property
+    def chain(self) -> tuple[tuple[str, str], ...]:
+        return DRA_CHAIN if self.dra else CHAIN
 
     @property
     def failed(self) -> Link | None:
@@ -226,6 +282,7 @@ class Verdict:
             "warnings": [link.id for link in self.warnings],
             "message": self.message(),
             "startupGate": self.startup_gate or None,
+            "chain": "dra" if self.dra else "device-plugin",
             "links": [link.to_dict() for link in self.links],
         }
 
@@ -245,7 +302,17 @@ CHAIN = (
     ("mig", "MIG"),
     ("upgrade", "driver upgrade"),
 )
-TITLES = dict(CHAIN)
+# On a DRA node the device plugin's links give way to the DRA driver's.
+_DRA_LINKS = (
+    ("dra-plugin", "DRA kubelet plugin"),
+    ("dra-handover", "hand-over"),
+    ("dra-slices", "ResourceSlices"),
+    ("schedulable", "schedulable"),
+    ("dra-claims", "claims"),
+)
+_SPLIT = next(i for i, (id_, _) in enumerate(CHAIN) if id_ == "device-plugin")
+DRA_CHAIN = (*CHAIN[:_SPLIT], *_DRA_LINKS, *CHAIN[_SPLIT + 2 :])
+TITLES = dict((*CHAIN, *_DRA_LINKS))
 
 
 class _Stop(Exception):
@@ -638,9 +705,19 @@ def _deploy_labels(facts: NodeFacts) -> Link:
             ],
             f"kubectl label node {facts.name} {keys.DEPLOY_OPERANDS}-",
         )
-    for operand in ("driver", "container-toolkit", "device-plugin", "operator-validator"):
+    mode = dra_mode(facts)
+    operands: tuple[str, ...] = ("driver", "container-toolkit", "device-plugin",
+                                 "operator-validator")  # fmt: skip
+    if mode == "gpucluster":
+        operands = ("dra-driver", "dra-validator")
+    for operand in operands:
         key = keys.DEPLOY_PREFIX + operand
         value = labels.get(key)
+        if mode == "label" and operand == "device-plugin" and value != "true":
+            # The operator turns its device plugin off on a DRA node (nodes/labelling.py).
+            said = f"{value} (set by {_who(owned, key)})" if value else "absent"
+            evidence.append(Evidence("label", key, f"{said}: {keys.DRA_NODE}=true, DRA serves"))
+            continue
         if value is None:
             raise _fail(
                 "deploy-labels",
@@ -894,6 +971,8 @@ def _allocatable(facts: NodeFacts) -> Link:
 def _validator(facts: NodeFacts) -> Link:
     if facts.policy is not None and not facts.policy.validator:
         return _skip("validator", "validator.enabled=false")
+    if dra_mode(facts) == "gpucluster":
+        return _skip("validator", "the GPUCluster validates DRA: `gpu-operator explain policy`")
     pods = _pods(facts, VALIDATOR_APP)
     fix = "read the failing init container's log (kubectl logs -c <container> --previous)"
     if not pods:
@@ -926,14 +1005,26 @@ def _gate_plan(facts: NodeFacts) -> gate.GatePlan | None:
     if taint is None or not any(taint.matches(t) for t in taints):
         return None
     validators = _pods(facts, VALIDATOR_APP)
+    dra = dra_mode(facts) is not None
+    capacity = _int((facts.capacity or {}).get(GPU_RESOURCE)) if dra else 0
     return gate.plan(
         gate.GateFacts(
             taints=taints,
             gpu_allocatable=gate.allocatable_gpus(facts.allocatable),
             validator_ready=bool(validators) and validators[0].problem is None,
+            dra=dra,
+            dra_devices=_dra_devices(facts),
+            gpus=gate.node_gpus(facts.labels, capacity) if dra else 0,
         ),
         taint,
     )
+
+
+def _dra_devices(facts: NodeFacts) -> int | None:
+    """The devices the node's gpu.nvidia.com ResourceSlices publish (None: not read)."""
+    if facts.dra is None or facts.dra.slices is None:
+        return None
+    return gate.slice_devices(facts.dra.slices)
 
 
 def _gate_sentence(facts: NodeFacts, plan: gate.GatePlan) -> str:
@@ -1145,26 +1236,34 @@ def _upgrade(facts: NodeFacts) -> Link:
             evidence,
             f"kubectl label node {facts.name} {keys.UPGRADE_STATE}-",
         )
-    # Cordoned or NotReady nodes failed the allocatable link already: a full snapshot that gets
-    # here shows a schedulable node serving GPUs on the driver that runs now.
-    serving = _gpu_total(facts) if facts.allocatable is not None else None
+    # Cordoned or NotReady nodes failed the allocatable (DRA: schedulable) link already: a full
+    # snapshot that gets here shows a schedulable node serving GPUs on the driver that runs now.
+    # A DRA node serves them as the devices of its ResourceSlices, not as allocatable resources.
+    if dra_mode(facts) is not None:
+        serving = _dra_devices(facts)
+        what = "DRA device(s)"
+        shown = _dra_slices_evidence(facts)
+    else:
+        serving = _gpu_total(facts) if facts.allocatable is not None else None
+        what = "GPU resource(s)"
+        shown = _serving_evidence(facts)
     if state == "upgrade-failed":
         fix = "`gpu-operator upgrade status` says why; fix it and retry the upgrade"
         if serving:
             return _warn(
                 "upgrade",
                 f"the driver upgrade failed on this node; it is not cordoned and serves {serving}"
-                " GPU resource(s) on the driver that runs now",
-                [*evidence, *_serving_evidence(facts)],
+                f" {what} on the driver that runs now",
+                [*evidence, *shown],
                 fix,
             )
         raise _fail("upgrade", "the driver upgrade failed on this node", evidence, fix)
     if serving:
         return _warn(
             "upgrade",
-            f"a driver upgrade is in progress ({state}); the node serves {serving} GPU "
-            "resource(s) until it is cordoned",
-            [*evidence, *_serving_evidence(facts)],
+            f"a driver upgrade is in progress ({state}); the node serves {serving} {what} "
+            "until it is cordoned",
+            [*evidence, *shown],
             "wait for upgrade-done (`gpu-operator upgrade status`)",
         )
     raise _fail(
@@ -1175,10 +1274,243 @@ def _upgrade(facts: NodeFacts) -> Link:
     )
 
 
+# ----- the DRA chain (docs/dra.md) -----------------------------------------------------------
+
+
+def dra_mode(facts: NodeFacts) -> Literal["label", "gpucluster"] | None:
+    """Whether the node gets its GPUs through DRA, and why (None: through the device plugin)."""
+    if facts.dra is not None:
+        return facts.dra.mode
+    return "label" if facts.labels.get(keys.DRA_NODE) == "true" else None
+
+
+def _dra_host(facts: NodeFacts) -> list[Link]:
+    """Under a GPUCluster the host's driver and runtime serve: no operand pod to check."""
+    version = _driver_version(facts.labels)
+    return [
+        _skip("driver-manager", "a GPUCluster deploys no driver"),
+        _skip("driver", f"the host's driver (a GPUCluster deploys none){version}"),
+        _skip("toolkit", "a GPUCluster deploys no toolkit: the runtime must have CDI enabled"),
+    ]
+
+
+def _dra_plugin_fix(facts: NodeFacts) -> str:
+    if dra_mode(facts) == "gpucluster":
+        return (
+            f"check the GPUCluster (`gpu-operator explain policy`) and the node's label "
+            f"{keys.DEPLOY_PREFIX}dra-driver=true"
+        )
+    return (
+        "install NVIDIA's DRA driver chart with kubeletPlugin.nodeSelector "
+        f"{keys.DRA_NODE}=true (or apply examples/dra-migration/kubelet-plugin-standin.yaml); "
+        f"to move the node back to the device plugin: kubectl label node {facts.name} "
+        f"{keys.DRA_NODE}-"
+    )
+
+
+def _dra_plugin(facts: NodeFacts) -> Link:
+    """The DRA kubelet plugin's pod on the node: running and ready (registered with the
+    kubelet; its readiness says so)."""
+    dra = facts.dra
+    if dra is None or dra.plugin_pods is None:
+        return _skip("dra-plugin", f"{keys.DRA_NODE}=true: DRA serves (not in this snapshot)")
+    if not dra.plugin_pods:
+        raise _fail(
+            "dra-plugin",
+            f"no DRA kubelet plugin pod (app={DRA_PLUGIN_APP}) on the node",
+            [Evidence("label", keys.DRA_NODE, facts.labels.get(keys.DRA_NODE, "absent"))],
+            _dra_plugin_fix(facts),
+        )
+    pod = dra.plugin_pods[0]
+    if pod.problem is not None:
+        raise _fail(
+            "dra-plugin",
+            f"{pod.name}: {pod.problem}",
+            _pod_evidence(facts, pod),
+            "read the plugin's log (kubectl logs -n <ns> " + pod.name + "); it is ready once it "
+            "has registered with the kubelet",
+        )
+    return _ok(
+        "dra-plugin",
+        f"{pod.name} ready (registered with the kubelet)",
+        [Evidence("pod", pod.name, "ready")],
+    )
+
+
+def _dra_log_lines(facts: NodeFacts, pattern: re.Pattern[str] | str) -> list[Evidence]:
+    """The DRA plugin's log lines that match (the last few)."""
+    dra = facts.dra
+    if dra is None or facts.logs is None:
+        return []
+    names = {p.name for p in dra.plugin_pods or ()}
+    found = []
+    for (pod, ctr), tail in sorted(facts.logs.items()):
+        if pod not in names:
+            continue
+        for line in tail.splitlines():
+            hit = pattern.search(line) if isinstance(pattern, re.Pattern) else pattern in line
+            if hit:
+                found.append(Evidence("log", f"{pod}/{ctr}", line.strip()))
+    return found[-LOG_EVIDENCE_LINES:]
+
+
+def _dra_handover(facts: NodeFacts) -> Link:
+    """The hand-over from the device plugin: while the kubelet still offers nvidia.com/*
+    resources from a device plugin the DRA plugin publishes nothing (the same GPUs would be
+    handed out twice); GPUs a device-plugin pod still holds are withheld until it ends."""
+    if facts.allocatable is not None:
+        serving = {k: n for k, n in sorted(_gpu_resources(facts.allocatable).items()) if n > 0}
+    elif facts.gpu_allocatable is not None:  # the operator's cache: one total
+        serving = {f"{GPU_RESOURCE} and {gate.MIG_PREFIX}*": facts.gpu_allocatable}
+        serving = {k: n for k, n in serving.items() if n > 0}
+    else:
+        return _skip("dra-handover", "allocatable not in this snapshot")
+    if serving:
+        said = ", ".join(f"{k}: {n}" for k, n in serving.items())
+        evidence = [Evidence("resource", "allocatable", said)]
+        evidence += [Evidence("pod", p.name, "still on the node") for p in _pods(facts, PLUGIN_APP)]
+        key = keys.DEPLOY_PREFIX + "device-plugin"
+        evidence.append(Evidence("label", key, facts.labels.get(key, "absent")))
+        evidence += _dra_log_lines(facts, _HANDOVER_BLOCKED)
+        if facts.labels.get(key) == "true":
+            fix = (
+                f"someone set {key}=true on a DRA node: kubectl label node {facts.name} "
+                f"{key}=false --overwrite (or remove {keys.DRA_NODE} to stay on the device plugin)"
+            )
+        else:
+            fix = (
+                "wait for the device plugin's pod to leave the node and the kubelet to drop its "
+                "resources; a device plugin the operator does not run (another chart) must be "
+                "taken off the node by hand"
+            )
+        raise _fail(
+            "dra-handover",
+            f"the device plugin still serves the node ({said}): the DRA plugin publishes no "
+            "devices until it is gone",
+            evidence,
+            fix,
+        )
+    withheld = _dra_log_lines(facts, _HANDOVER_WITHHELD)
+    if withheld:
+        return _warn(
+            "dra-handover",
+            "GPUs still held by pods that got them through the device plugin are withheld from "
+            "DRA until those pods end",
+            withheld,
+            "let those pods finish (or delete them); the plugin then publishes their GPUs",
+        )
+    return _ok("dra-handover", "no device plugin resource left on the node")
+
+
+def _dra_slices_evidence(facts: NodeFacts, shown: int = 3) -> list[Evidence]:
+    """The node's first gpu.nvidia.com ResourceSlices: devices and pool."""
+    slices = (
+        [s for s in (facts.dra.slices or ()) if (s.get("spec") or {}).get("driver") == DRA_DRIVER]
+        if facts.dra
+        else []
+    )
+    return [
+        Evidence(
+            "resourceslice",
+            str((s.get("metadata") or {}).get("name")),
+            f"{len((s.get('spec') or {}).get('devices') or [])} device(s), pool "
+            f"{((s.get('spec') or {}).get('pool') or {}).get('name')}",
+        )
+        for s in slices[:shown]
+    ]
+
+
+def _dra_slices(facts: NodeFacts) -> Link:
+    """The node's ResourceSlices of the gpu.nvidia.com driver: published, with devices."""
+    dra = facts.dra
+    if dra is None or dra.slices is None:
+        return _skip("dra-slices", "resource.k8s.io/v1 not served or not read")
+    slices = [s for s in dra.slices if (s.get("spec") or {}).get("driver") == DRA_DRIVER]
+    devices = gate.slice_devices(slices)
+    evidence = _dra_slices_evidence(facts)
+    if not devices:
+        logs = [e for e in _dra_log_lines(facts, _TELLING) if not _HANDOVER_WITHHELD.search(e.text)]
+        what = "no ResourceSlice" if not slices else "ResourceSlices with no device"
+        raise _fail(
+            "dra-slices",
+            f"{what} of driver {DRA_DRIVER} for the node: no claim can get its GPUs",
+            [*evidence, *logs],
+            f"read the DRA plugin's log; `kubectl get resourceslices --field-selector "
+            f"spec.nodeName={facts.name}` lists what it published",
+        )
+    return _ok(
+        "dra-slices",
+        f"{devices} device(s) published in {len(slices)} ResourceSlice(s)",
+        evidence,
+    )
+
+
+def _schedulable(facts: NodeFacts) -> Link:
+    """The node takes new pods: Ready and not cordoned."""
+    ready = next((c for c in facts.conditions or [] if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") != "True":
+        raise _fail(
+            "schedulable",
+            f"the node is NotReady: {ready.get('reason', '')} {ready.get('message', '')}".strip(),
+            [Evidence("condition", "Ready", str(ready.get("message") or ready.get("status")))],
+            "the kubelet or the container runtime is down: check the runtime's config and log",
+        )
+    if facts.unschedulable:
+        raise _fail(
+            "schedulable",
+            "the node is cordoned: no new pod lands here",
+            [Evidence("resource", "spec.unschedulable", "true")],
+            f"kubectl uncordon {facts.name} once the work on it is done",
+        )
+    if facts.conditions is None:
+        return _skip("schedulable", "node conditions not in this snapshot")
+    return _ok("schedulable", "Ready and not cordoned")
+
+
+def _dra_claims(facts: NodeFacts) -> Link:
+    """The claims allocated on the node and their pods: a pod whose claims the plugin failed to
+    prepare (FailedPrepareDynamicResources) cannot start."""
+    dra = facts.dra
+    if dra is None or dra.claims is None:
+        return _skip("dra-claims", "resource.k8s.io/v1 not served or not read")
+    for claim in dra.claims:
+        for pod in claim.pods:
+            failed = [e for e in pod.events if e.startswith(DRA_PREPARE_FAILED)]
+            if failed and pod.problem is not None:
+                raise _fail(
+                    "dra-claims",
+                    f"pod {pod.ref} cannot start: the DRA plugin failed to prepare claim "
+                    f"{claim.ref}",
+                    [
+                        Evidence("claim", claim.ref, ", ".join(claim.devices) or "no device"),
+                        Evidence("pod", pod.ref, pod.problem),
+                        *(Evidence("event", f"Pod/{pod.ref}", e) for e in failed[-3:]),
+                        *_dra_log_lines(facts, _TELLING)[-3:],
+                    ],
+                    "read the DRA plugin's log for the claim (prepare errors: CDI spec, a device "
+                    "gone, an opaque config it refuses); the kubelet retries on its own",
+                )
+    devices = sum(len(c.devices) for c in dra.claims)
+    pods = sorted({p.ref for c in dra.claims for p in c.pods})
+    evidence = [
+        Evidence("claim", c.ref, f"{', '.join(c.devices)} for {', '.join(p.ref for p in c.pods)}")
+        for c in dra.claims[:3]
+    ]
+    if not dra.claims:
+        return _ok("dra-claims", "no claim allocated on the node")
+    return _ok(
+        "dra-claims",
+        f"{len(dra.claims)} claim(s) allocated, {devices} device(s), reserved for "
+        f"{len(pods)} pod(s)",
+        evidence,
+    )
+
+
 def explain(facts: NodeFacts) -> Verdict:
     """Walk the chain for one node; stop at the first failing link (later links not reached)."""
     links: list[Link] = []
-    steps = (
+    mode = dra_mode(facts)
+    steps: tuple[Callable[[NodeFacts], Link | list[Link]], ...] = (
         _nfd,
         _gpu_detected,
         _deploy_labels,
@@ -1191,6 +1523,12 @@ def explain(facts: NodeFacts) -> Verdict:
         _mig,
         _upgrade,
     )
+    if mode is not None:
+        dra_steps = (_dra_plugin, _dra_handover, _dra_slices, _schedulable, _dra_claims)
+        steps = (*steps[:5], *dra_steps, *steps[7:])
+        if mode == "gpucluster":  # no driver, toolkit or ClusterPolicy validator pods there
+            steps = tuple(s for s in steps if s not in (_driver, _toolkit))
+            steps = (*steps[:3], _dra_host, *steps[3:])
     try:
         for step in steps:
             result = step(facts)
@@ -1201,7 +1539,8 @@ def explain(facts: NodeFacts) -> Verdict:
         links.extend([*stop.before, stop.link])
     # Said whichever link failed first: the taint is why GPU pods stay Pending on the node.
     plan = _gate_plan(facts)
-    return Verdict(facts.name, tuple(links), _gate_sentence(facts, plan) if plan else "")
+    gate_said = _gate_sentence(facts, plan) if plan else ""
+    return Verdict(facts.name, tuple(links), gate_said, dra=mode is not None)
 
 
 # ----- snapshots from API objects -----------------------------------------------------------

@@ -17,6 +17,16 @@ class PatchNode:
     annotations: Mapping[str, str | None]
     unschedulable: bool | None
     resource_version: str
+    # A node can take several steps in one pass, one patch per state (each state label is
+    # written, in order): `step` is this patch's place in the node's chain. A later step is
+    # planned from the node as the earlier ones leave it, so the executor applies a chain in
+    # order, each patch guarded by the resourceVersion the previous one returned, and stops at
+    # the first refusal.
+    step: int = 0
+    # The patch starts the node's upgrade (takes a maxParallelUpgrades slot and, for a
+    # schedulable node, a maxUnavailable one). Slots are counted after the other nodes' steps
+    # of the same pass, so these are applied only once every other patch of the pass was.
+    takes_slot: bool = False
 
     def merge_patch(self) -> dict[str, Any]:
         metadata: dict[str, Any] = {}
@@ -78,6 +88,9 @@ class Event:
     node: str
     message: str
     warning: bool = False
+    # The step (PatchNode.step) of the node's chain this Event tells about: recorded only once
+    # that patch was applied.
+    step: int = 0
 
 
 Action = PatchNode | EvictPod | DeletePod | EnsureRollbackSet | DeleteRollbackSet | Event
@@ -113,6 +126,40 @@ class GroupReport:
     error: str | None = None
 
 
+def write_order(todo: list[Action]) -> tuple[list[list[PatchNode]], list[list[PatchNode]]]:
+    """The node patches of a plan as chains (one per node, in step order), in the two waves
+    they must be applied in: first every node that does not start its upgrade (this frees the
+    slots of nodes that finish), then, only if all of those were applied, the nodes that start.
+    Within a wave the nodes are independent; within a chain the steps are sequential."""
+    chains: dict[str, list[PatchNode]] = {}
+    for action in todo:
+        if isinstance(action, PatchNode):
+            chains.setdefault(action.node, []).append(action)
+    first: list[list[PatchNode]] = []
+    starts: list[list[PatchNode]] = []
+    for chain in chains.values():
+        chain.sort(key=lambda a: a.step)
+        (starts if chain[0].takes_slot else first).append(chain)
+    return first, starts
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """One node as its last pass leaves it (its patches applied), for the counters."""
+
+    owner: str  # the policy (group) key; "" for nodes outside every policy
+    pool: str
+    busy: bool  # in progress: takes a maxParallelUpgrades slot
+    unavailable: bool  # counts against maxUnavailable
+    failed: bool
+    failed_canary: bool  # a failed canary of its pool's newest revision (stops the rollout)
+    canary: bool  # a canary of its pool's newest revision
+    canary_pending: bool  # ... that is not done yet
+    waiting: bool  # upgrade-required: competes for a slot
+    rollback: bool  # carries (or gets) the rollback label
+    first: bool  # its canary annotation names its pool's target (it starts before the others)
+
+
 @dataclass
 class Plan:
     actions: list[Action] = field(default_factory=list)
@@ -120,8 +167,18 @@ class Plan:
     groups: dict[str, GroupReport] = field(default_factory=dict)
     # Seconds until a timeout or retry is due; None when only events can change anything.
     requeue_after: float | None = None
+    # Incremental planning (upgrade/incremental.py): each planned node as this pass leaves it,
+    # when each node's own wait ends (seconds from now), and whether an incremental pass found
+    # something only a full pass may decide (a stopped rollout, a rollback).
+    summaries: dict[str, NodeSummary] = field(default_factory=dict)
+    node_wake: dict[str, float] = field(default_factory=dict)
+    needs_full: str | None = None
 
-    def wake_in(self, seconds: float) -> None:
+    def wake_in(self, seconds: float, node: str | None = None) -> None:
         seconds = max(seconds, 0.0)
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
+        if node is not None:
+            held = self.node_wake.get(node)
+            if held is None or seconds < held:
+                self.node_wake[node] = seconds

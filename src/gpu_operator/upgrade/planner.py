@@ -17,15 +17,28 @@ planner does not:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpu_operator.nodes import ledger
-from gpu_operator.upgrade import actions, states
+from gpu_operator.upgrade import actions, incremental, states
 from gpu_operator.upgrade.policy import Policy
 from gpu_operator.upgrade.snapshot import DaemonSet, Node, Owner, Pod, Revision, Snapshot
 
 CORDON_OWNER = "driver-upgrade"
+# States a node may enter and act on in the same pass (see _Pass._advance).
+_CHAINED = frozenset(
+    {
+        states.CORDON_REQUIRED,
+        states.WAIT_FOR_JOBS_REQUIRED,
+        states.POD_DELETION_REQUIRED,
+        states.DRAIN_REQUIRED,
+        states.POD_RESTART_REQUIRED,
+        states.VALIDATION_REQUIRED,
+        states.UNCORDON_REQUIRED,
+    }
+)
 
 
 @dataclass
@@ -47,6 +60,11 @@ class _Node:
     message: str = ""
     blocked_by: tuple[str, ...] = ()
     next_state: str | None = None
+    # Patches of the steps this pass already took (each state label written in order), and
+    # the node as they leave it; `original` is the node as the snapshot had it.
+    steps: list[actions.PatchNode] = field(default_factory=list)
+    original: Node | None = None
+    started: bool = False  # this pass started the node's upgrade (it takes a slot)
 
     @property
     def name(self) -> str:
@@ -165,7 +183,51 @@ class _Node:
             annotations=dict(self.annotations),
             unschedulable=self.unschedulable,
             resource_version=self.node.resource_version,
+            step=len(self.steps),
+            takes_slot=self.started,
         )
+
+    def patches(self) -> list[actions.PatchNode]:
+        last = self.patch()
+        return [*self.steps, last] if last is not None else list(self.steps)
+
+    @property
+    def after(self) -> str:
+        """The state the node is in once this pass's patches are applied."""
+        return self.next_state if self.next_state is not None else self.state
+
+    @property
+    def unavailable_after(self) -> bool:
+        cordoned = self.node.unschedulable if self.unschedulable is None else self.unschedulable
+        return cordoned or not self.node.ready or self.after == states.CORDON_REQUIRED
+
+    def commit(self) -> None:
+        """Close this step: its changes become one patch, and the next step is planned from the
+        node as that patch leaves it (so every state label is written, in order)."""
+        patch = self.patch()
+        if patch is None:
+            return
+        if self.original is None:
+            self.original = self.node
+        labels = dict(self.node.labels)
+        annotations = dict(self.node.annotations)
+        for target, changes in ((labels, self.labels), (annotations, self.annotations)):
+            for key, value in changes.items():
+                if value is None:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
+        self.node = dataclasses.replace(
+            self.node,
+            labels=labels,
+            annotations=annotations,
+            unschedulable=self.node.unschedulable if self.unschedulable is None
+            else self.unschedulable,
+        )  # fmt: skip
+        self.steps.append(patch)
+        self.labels, self.annotations, self.unschedulable = {}, {}, None
+        if self.next_state is not None:
+            self.state = self.next_state
 
 
 def _retry_hint(name: str) -> str:
@@ -178,8 +240,21 @@ def _retry_hint(name: str) -> str:
 class _Pass:
     """One planning pass over a snapshot."""
 
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        *,
+        chain: bool = False,
+        focus: Iterable[str] | None = None,
+        fleet: incremental.Fleet | None = None,
+    ) -> None:
         self.snap = snap
+        self.chain = chain
+        # Incremental: plan only `focus` (and waiting nodes a free slot reaches), counting the
+        # other nodes from `fleet`.
+        self.focus = None if fleet is None else set(focus or ())
+        self.fleet = fleet
+        self._planned: set[str] = set()
         self.now = snap.now
         self.plan = actions.Plan()
         self.pools = [d for d in snap.daemonsets if d.driver]
@@ -211,61 +286,72 @@ class _Pass:
         return None, None
 
     def build(self) -> None:
-        for name in sorted(self.snap.nodes):
-            node = self.snap.nodes[name]
-            pods = self.snap.pods_by_node.get(name, ())
-            pool, driver = self._pool_for(node, pods)
-            if pool is None:
-                self._outside_pools(node)
-                continue
-            owner = self.owners.get(pool.owner_uid or "")
-            if owner is None:
-                self._report_only(
-                    node,
-                    pool.name,
-                    "",
-                    f"driver DaemonSet {pool.name} has no ClusterPolicy or NVIDIADriver owner "
-                    "in view; left alone",
+        if self.focus is None:
+            names = sorted(self.snap.nodes)
+        else:
+            names = sorted(n for n in self.focus if n in self.snap.nodes)
+        for name in names:
+            self._build_one(name)
+
+    def _build_one(self, name: str) -> _Node | None:
+        """Look at one node: its entry (also in self.nodes), or None when it is outside the
+        pools (handled and reported here)."""
+        self._planned.add(name)
+        node = self.snap.nodes[name]
+        pods = self.snap.pods_by_node.get(name, ())
+        pool, driver = self._pool_for(node, pods)
+        if pool is None:
+            self._outside_pools(node)
+            return None
+        owner = self.owners.get(pool.owner_uid or "")
+        if owner is None:
+            self._report_only(
+                node,
+                pool.name,
+                "",
+                f"driver DaemonSet {pool.name} has no ClusterPolicy or NVIDIADriver owner "
+                "in view; left alone",
+            )
+            return None
+        rollback_uids = self._rollback_uids
+        orphan = next(
+            (
+                p
+                for p in pods
+                if p.controller_uid is None
+                and p.namespace == pool.namespace
+                and p.active
+                and (
+                    p.labels.get("app") == states.DRIVER_APP
+                    or p.labels.get("app.kubernetes.io/component") == states.DRIVER_COMPONENT
                 )
-                continue
-            rollback_uids = self._rollback_uids
-            orphan = next(
-                (
-                    p
-                    for p in pods
-                    if p.controller_uid is None
-                    and p.namespace == pool.namespace
-                    and p.active
-                    and (
-                        p.labels.get("app") == states.DRIVER_APP
-                        or p.labels.get("app.kubernetes.io/component") == states.DRIVER_COMPONENT
-                    )
-                ),
-                None,
-            )
-            rollback_pod = next(
-                (p for p in pods if p.controller_uid in rollback_uids and not p.deleting), None
-            )
-            if driver is None and rollback_pod is not None:
-                # A rolled-back node runs the rollback DaemonSet's pod: that is its driver (and
-                # never the pool's newest revision, so a retry upgrades it like any other).
-                driver = rollback_pod
-            state = node.state
-            self.nodes.append(
-                _Node(
-                    node=node,
-                    pool=pool,
-                    owner=owner,
-                    target=self.targets.get(pool.uid),
-                    driver=driver,
-                    orphan=orphan,
-                    rollback_pod=rollback_pod,
-                    pods=pods,
-                    state=state if state in states.KNOWN else states.UNKNOWN,
-                )
-            )
+            ),
+            None,
+        )
+        rollback_pod = next(
+            (p for p in pods if p.controller_uid in rollback_uids and not p.deleting), None
+        )
+        if driver is None and rollback_pod is not None:
+            # A rolled-back node runs the rollback DaemonSet's pod: that is its driver (and
+            # never the pool's newest revision, so a retry upgrades it like any other).
+            driver = rollback_pod
+        state = node.state
+        entry = _Node(
+            node=node,
+            pool=pool,
+            owner=owner,
+            target=self.targets.get(pool.uid),
+            driver=driver,
+            orphan=orphan,
+            rollback_pod=rollback_pod,
+            pods=pods,
+            state=state if state in states.KNOWN else states.UNKNOWN,
+        )
+        self.nodes.append(entry)
+        return entry
 
     def _report_only(self, node: Node, pool: str, owner: str, message: str) -> None:
+        self.plan.summaries[node.name] = _OUTSIDE
         self.plan.nodes[node.name] = actions.NodeReport(
             node=node.name,
             pool=pool,
@@ -305,37 +391,53 @@ class _Pass:
             groups.setdefault(entry.owner.key, []).append(entry)
         for key in sorted(groups):
             self._group(key, groups[key])
+            if self.plan.needs_full:
+                return self.plan
         for entry in self.nodes:
             self._finish_node(entry)
-        self._rollback_sets()
+        if self.fleet is None:
+            self._rollback_sets()
+        elif (
+            self.rollbacks
+            or self.fleet.rollbacks
+            or any(s.rollback for s in self.plan.summaries.values())
+        ):
+            # Rollback DaemonSets are kept per (pool, revision) over every node: a full pass.
+            self.plan.needs_full = "a rollback is under way"
         return self.plan
 
     def _finish_node(self, entry: _Node) -> None:
-        patch = entry.patch()
-        if patch is not None:
-            self.plan.actions.append(patch)
+        self.plan.actions.extend(entry.patches())
+        self.plan.summaries[entry.name] = _summary(entry)
         state = entry.next_state if entry.next_state is not None else entry.node.state
         self.plan.nodes[entry.name] = actions.NodeReport(
             node=entry.name,
             pool=entry.pool.name,
             owner=entry.owner.key,
             state=state,
-            previous=entry.node.state,
+            previous=(entry.original or entry.node).state,
             message=entry.message,
             blocked_by=entry.blocked_by,
         )
 
     def _event(self, entry: _Node, message: str, *, warning: bool = False) -> None:
-        self.plan.actions.append(actions.Event(entry.name, message, warning))
+        self.plan.actions.append(actions.Event(entry.name, message, warning, len(entry.steps)))
 
     def _group(self, key: str, nodes: list[_Node]) -> None:
         policy = nodes[0].policy
+        # The policy's nodes this pass does not plan (incremental passes), from their summaries.
+        rest = (
+            self.fleet.background(key, self._planned)
+            if self.fleet is not None
+            else incremental.Counts()
+        )
+        total = len(nodes) + rest.total
         if not policy.auto_upgrade:
             for entry in nodes:
                 self._auto_upgrade_off(entry)
             self.plan.groups[key] = actions.GroupReport(
                 owner=key,
-                total=len(nodes),
+                total=total,
                 in_progress=0,
                 unavailable=0,
                 max_unavailable=0,
@@ -348,21 +450,68 @@ class _Pass:
             return
         for entry in nodes:
             self._validate(entry)
-        # Counts come from the states as validated, before this pass moves anyone on.
-        total = len(nodes)
-        in_progress = sum(1 for n in nodes if n.state not in states.IDLE)
-        unavailable = sum(1 for n in nodes if n.unavailable or n.state == states.CORDON_REQUIRED)
+        # Counts come from the states as validated, before this pass moves anyone on (the
+        # group's report shows these).
+        in_progress = rest.busy + sum(1 for n in nodes if n.state not in states.IDLE)
+        unavailable = rest.unavailable + sum(
+            1 for n in nodes if n.unavailable or n.state == states.CORDON_REQUIRED
+        )
         max_unavailable = policy.max_unavailable_of(total)
         failed = [n for n in nodes if n.state == states.UPGRADE_FAILED]
-        stopped = self._stopped(policy, nodes, failed)
+        stopped = self._stopped(policy, failed, rest)
+        if stopped and self.fleet is not None:
+            # A stopped rollout can move failed nodes anywhere (rollbacks): a full pass decides.
+            self.plan.needs_full = f"the rollout of {key} is stopped ({stopped})"
+            return
+        failures = len(failed) + rest.failed
+        if not self.chain:
+            # One step per node, starts counted from the states before the pass.
+            started = self._start(nodes, policy, in_progress, unavailable, max_unavailable, stopped)
+            for entry in nodes:
+                if entry.next_state is None:
+                    self._step(entry, stopped)
+            self._report(key, total, policy, in_progress, unavailable, started, failures, stopped)
+            return
+        # Chained: nodes on their way take their steps first, as many as the facts allow, and
+        # the slots of those that finish go to waiting nodes in this same pass. That is safe
+        # because the executor applies the starting nodes' patches only after every other patch
+        # of the pass was applied (actions.write_order); if one is refused, no node starts.
+        for entry in nodes:
+            if entry.state != states.UPGRADE_REQUIRED:
+                self._advance(entry, stopped)
+        started = self._start(
+            nodes,
+            policy,
+            rest.busy + sum(1 for n in nodes if n.after not in states.IDLE),
+            rest.unavailable + sum(1 for n in nodes if n.unavailable_after),
+            max_unavailable,
+            stopped,
+            rest,
+            key,
+        )
+        for entry in nodes:  # with the waiting nodes _start planned as well
+            if entry.started:
+                self._advance(entry, stopped)
+            elif entry.state == states.UPGRADE_REQUIRED and entry.next_state is None:
+                self._step(entry, stopped)  # still waiting: says why
+        self._report(key, total, policy, in_progress, unavailable, started, failures, stopped)
+
+    def _report(
+        self,
+        key: str,
+        total: int,
+        policy: Policy,
+        in_progress: int,
+        unavailable: int,
+        started: int,
+        failed: int,
+        stopped: str | None,
+    ) -> None:
+        max_unavailable = policy.max_unavailable_of(total)
         parallel = policy.max_parallel - in_progress if policy.max_parallel else total
         available = (
             0 if stopped or policy.error else max(0, min(parallel, max_unavailable - unavailable))
         )
-        started = self._start(nodes, policy, in_progress, unavailable, max_unavailable, stopped)
-        for entry in nodes:
-            if entry.next_state is None:
-                self._step(entry, stopped)
         self.plan.groups[key] = actions.GroupReport(
             owner=key,
             total=total,
@@ -371,7 +520,7 @@ class _Pass:
             max_unavailable=max_unavailable,
             max_parallel=policy.max_parallel,
             started=started,
-            failed=len(failed),
+            failed=failed,
             available=available,
             stopped=stopped,
             error=policy.error,
@@ -433,30 +582,40 @@ class _Pass:
 
     # ----- starting nodes --------------------------------------------------------------------
 
-    def _stopped(self, policy: Policy, nodes: list[_Node], failed: list[_Node]) -> str | None:
+    def _stopped(self, policy: Policy, failed: list[_Node], rest: incremental.Counts) -> str | None:
         for entry in failed:
             canary = entry.node.annotations.get(states.CANARY)
             if canary and canary == entry.target:
                 return f"canary node {entry.name} failed"
+        if rest.failed_canaries:
+            return "a canary node failed"
         limit = policy.canary.max_failed
-        if limit is not None and len(failed) > limit:
-            return f"{len(failed)} nodes failed (more than {limit} allowed)"
+        count = len(failed) + rest.failed
+        if limit is not None and count > limit:
+            return f"{count} nodes failed (more than {limit} allowed)"
         return None
 
-    def _canary_state(self, nodes: list[_Node], policy: Policy) -> dict[str, tuple[int, int]]:
+    def _canary_state(
+        self, nodes: list[_Node], policy: Policy, rest: incremental.Counts
+    ) -> dict[str, tuple[int, int]]:
         """Per pool: (canary nodes still allowed to start, canaries not yet done)."""
         result: dict[str, tuple[int, int]] = {}
         by_pool: dict[str, list[_Node]] = {}
         for entry in nodes:
             by_pool.setdefault(entry.pool.name, []).append(entry)
-        for pool, members in by_pool.items():
-            wanted = policy.canary_count(len(members))
-            target = members[0].target
+        for pool in {*by_pool, *rest.pools}:
+            members = by_pool.get(pool, [])
+            size, others, others_pending = rest.pools.get(pool, (0, 0, 0))
+            wanted = policy.canary_count(len(members) + size)
+            target = members[0].target if members else None
             canaries = [
                 n for n in members if target and n.node.annotations.get(states.CANARY) == target
             ]
             pending = [n for n in canaries if n.state != states.UPGRADE_DONE or not n.in_sync]
-            result[pool] = (max(0, wanted - len(canaries)), len(pending))
+            result[pool] = (
+                max(0, wanted - len(canaries) - others),
+                len(pending) + others_pending,
+            )
         return result
 
     def _start(
@@ -467,17 +626,31 @@ class _Pass:
         unavailable: int,
         max_unavailable: int,
         stopped: str | None,
+        rest: incremental.Counts | None = None,
+        key: str = "",
     ) -> int:
-        """Move upgrade-required nodes on while the limits allow (upstream's slot arithmetic)."""
+        """Move upgrade-required nodes on while the limits allow (upstream's slot arithmetic).
+
+        In an incremental pass the policy's other waiting nodes (from the fleet) take their
+        place in the same order, and each is planned only when a slot could still be free for
+        it; one no slot reaches keeps what its last pass said."""
+        rest = rest if rest is not None else incremental.Counts()
         waiting = [n for n in nodes if n.state == states.UPGRADE_REQUIRED]
-        if not waiting:
+        others: dict[str, tuple[bool, bool]] = {}
+        if self.fleet is not None:
+            others = {
+                name: flags
+                for name, flags in self.fleet.waiting_nodes(key).items()
+                if name not in self._planned
+            }
+        if not waiting and not others:
             return 0
         if policy.max_parallel == 0:
-            parallel_left = len(waiting)
+            parallel_left = len(waiting) + len(others)
         else:
             parallel_left = policy.max_parallel - in_progress
         unavailable_left = max_unavailable - unavailable
-        canary = self._canary_state(nodes, policy)
+        canary = self._canary_state(nodes, policy, rest)
         canary_slots = {pool: left for pool, (left, _) in canary.items()}
         canary_pending = {pool: pending for pool, (_, pending) in canary.items()}
         started = 0
@@ -486,7 +659,26 @@ class _Pass:
             is_canary = entry.node.annotations.get(states.CANARY) == entry.target
             return (not is_canary, not entry.unavailable, entry.name)
 
-        for entry in sorted(waiting, key=order):
+        queue: list[tuple[tuple[bool, bool, str], _Node | None]] = [(order(n), n) for n in waiting]
+        queue.extend(((not first, not down, name), None) for name, (first, down) in others.items())
+        queue.sort(key=lambda item: item[0])
+        for (_, available, name), found in queue:
+            if found is None:
+                if parallel_left <= 0 or (available and unavailable_left <= 0):
+                    continue  # no slot reaches it: what its last pass said stands
+                built = self._build_one(name)
+                if (
+                    built is None
+                    or built.owner.key != key
+                    or built.state != states.UPGRADE_REQUIRED
+                ):
+                    # Its summary did not match the node: count it all again.
+                    self.plan.needs_full = f"node {name} changed unseen"
+                    return started
+                self._validate(built)
+                nodes.append(built)
+                found = built
+            entry = found
             if entry.driver is None and entry.orphan is None:
                 entry.message = "waiting for the node's driver pod to appear"
                 continue
@@ -535,6 +727,7 @@ class _Pass:
                 canary_pending[pool] = canary_pending.get(pool, 0) + 1
                 entry.annotate(states.CANARY, entry.target)
             entry.annotate(states.REQUESTED, None)
+            entry.started = True
             started += 1
             kind = "canary " if (becomes_canary or is_canary) else ""
             if entry.restart_only:
@@ -548,6 +741,23 @@ class _Pass:
                 entry.move(states.CORDON_REQUIRED, self.now, f"{kind}upgrade started")
             self._event(entry, f"{kind}driver upgrade started (revision {entry.target})")
         return started
+
+    # ----- steps per node ---------------------------------------------------------------------
+
+    def _advance(self, entry: _Node, stopped: str | None) -> None:
+        """Take the node's steps while each one's outcome is known from the same facts (a
+        cordon, a node with no GPU pods left, a validator already ready on the new driver): one
+        patch per step, so every state label is still written, in upstream's order. A step
+        that waits for the cluster (evictions, the driver pod, the validator) ends the chain,
+        as do the states that free or take a slot or fail."""
+        for _ in range(len(states.ORDER)):
+            if entry.next_state is None:
+                self._step(entry, stopped)
+            moved = entry.next_state
+            if moved is None or moved == entry.state or moved not in _CHAINED:
+                return
+            entry.commit()
+            entry.next_state = None
 
     # ----- one step per node -------------------------------------------------------------------
 
@@ -640,7 +850,7 @@ class _Pass:
             )
             return
         if timeout > 0:
-            self.plan.wake_in(start + timeout - self.now)
+            self.plan.wake_in(start + timeout - self.now, entry.name)
         entry.message = f"waiting for {len(running)} pods matching {selector}: " + ", ".join(
             p.key for p in running[:3]
         )
@@ -702,9 +912,9 @@ class _Pass:
             self.plan.actions.append(actions.EvictPod(pod.namespace, pod.name, entry.name))
         entry.blocked_by = tuple(sorted(set(blocked.values())))
         if active:
-            self.plan.wake_in(states.EVICTION_RETRY_SECONDS)
+            self.plan.wake_in(states.EVICTION_RETRY_SECONDS, entry.name)
             if timeout > 0:
-                self.plan.wake_in(start + timeout - self.now)
+                self.plan.wake_in(start + timeout - self.now, entry.name)
         parts = []
         if active:
             parts.append(f"evicting {len(active)} pods")
@@ -796,6 +1006,7 @@ class _Pass:
             return
         if not entry.in_sync:
             self._delete_driver(entry, pod, f"revision {pod.revision} is not {entry.target}")
+            self._restart_validators(entry)
             return
         entry.annotate(states.SAFE_LOAD, None)
         if pod.phase == "Running" and pod.ready:
@@ -814,6 +1025,26 @@ class _Pass:
         if not pod.deleting:
             self.plan.actions.append(actions.DeletePod(pod.namespace, pod.name, entry.name, why))
         entry.message = f"replacing driver pod {pod.key} ({why})"
+
+    def _restart_validators(self, entry: _Node) -> None:
+        """Delete the node's validator pods with its old driver (as NVIDIA's driver manager
+        pauses the operands before a driver restarts): the DaemonSet's next pod starts after the
+        old driver went, so it checks the new one, and validation need not tell a same-second
+        validator from a stale one (creation times have whole seconds)."""
+        for pod in self._validator_pods(entry):
+            if not pod.deleting:
+                self.plan.actions.append(
+                    actions.DeletePod(
+                        pod.namespace, pod.name, entry.name, "validates the old driver"
+                    )
+                )
+
+    def _validator_pods(self, entry: _Node) -> list[Pod]:
+        return [
+            p
+            for p in entry.pods
+            if p.labels.get("app") == states.VALIDATOR_APP and p.namespace == entry.pool.namespace
+        ]
 
     def _validated_here(self, entry: _Node) -> bool:
         """Whether a validator DaemonSet runs on the node (a node where a human turned the
@@ -840,16 +1071,14 @@ class _Pass:
             self._done(entry, message + "; the node stays cordoned as it was before")
 
     def _validators(self, entry: _Node, since: float) -> tuple[list[Pod], list[Pod]]:
-        """(validator pods created after `since`, older ones still around)."""
-        pods = [
-            p
-            for p in entry.pods
-            if p.labels.get("app") == states.VALIDATOR_APP and p.namespace == entry.pool.namespace
-        ]
-        # Strictly after: timestamps have whole seconds, and a validator from the same second as
-        # the driver pod may have checked the old one (it costs at most one more restart).
-        fresh = [p for p in pods if p.created > since and not p.deleting]
-        stale = [p for p in pods if p.created <= since and not p.deleting]
+        """(validator pods created since `since`, older ones still around)."""
+        pods = self._validator_pods(entry)
+        # A validator from the driver pod's own second counts as fresh: the validators the old
+        # driver had were deleted with it (_restart_validators), so one still here from that
+        # second was created after them. Restarting it as well would repeat until the clock's
+        # second turned (creation times have whole seconds).
+        fresh = [p for p in pods if p.created >= since and not p.deleting]
+        stale = [p for p in pods if p.created < since and not p.deleting]
         return fresh, stale
 
     def _validation(self, entry: _Node) -> None:
@@ -888,7 +1117,7 @@ class _Pass:
             detail = f"validator pod {fresh[0].key} not ready" if fresh else "no validator pod ran"
             self._fail(entry, f"validation failed: {detail} after {timeout}s")
             return False
-        self.plan.wake_in(start + timeout - self.now)
+        self.plan.wake_in(start + timeout - self.now, entry.name)
         if stale:
             entry.message = "restarting the validator on the new driver"
         elif not fresh:
@@ -991,6 +1220,36 @@ class _Pass:
                 self.plan.actions.append(actions.DeleteRollbackSet(ds.namespace, ds.name))
 
 
+def _summary(entry: _Node) -> actions.NodeSummary:
+    """The node as this pass leaves it (its patches applied), for incremental passes."""
+    if entry.owner is _NO_OWNER:
+        return _OUTSIDE
+
+    def annotation(key: str) -> str | None:
+        if key in entry.annotations:
+            return entry.annotations[key]
+        return entry.node.annotations.get(key)
+
+    after = entry.after
+    first = annotation(states.CANARY) == entry.target
+    canary = bool(entry.target) and first
+    failed = after == states.UPGRADE_FAILED
+    rollback = entry.labels.get(states.ROLLBACK_LABEL, entry.node.labels.get(states.ROLLBACK_LABEL))
+    return actions.NodeSummary(
+        owner=entry.owner.key,
+        pool=entry.pool.name,
+        busy=after not in states.IDLE,
+        unavailable=entry.unavailable_after,
+        failed=failed,
+        failed_canary=failed and canary,
+        canary=canary,
+        canary_pending=canary and (after != states.UPGRADE_DONE or not entry.in_sync),
+        waiting=after == states.UPGRADE_REQUIRED,
+        rollback=rollback is not None,
+        first=first,
+    )
+
+
 def _targets_node(ds: DaemonSet, node: Node) -> bool:
     """Whether the DaemonSet's nodeSelector picks the node, its driver deploy label paused or not
     (a node being rolled back, or paused by the driver manager, still belongs to its pool)."""
@@ -1033,11 +1292,45 @@ _NO_POOL = DaemonSet(
     precompiled=False,
 )
 _NO_OWNER = Owner(kind="", name="", uid="", policy=Policy())
+# A node outside every policy: counted nowhere.
+_OUTSIDE = actions.NodeSummary(
+    owner="",
+    pool="",
+    busy=False,
+    unavailable=False,
+    failed=False,
+    failed_canary=False,
+    canary=False,
+    canary_pending=False,
+    waiting=False,
+    rollback=False,
+    first=False,
+)
 
 
-def plan(snapshot: Snapshot) -> actions.Plan:
-    """The actions that move every node one step on, and a report per node and policy."""
-    return _Pass(snapshot).run()
+def plan(
+    snapshot: Snapshot,
+    *,
+    chain: bool = False,
+    focus: Iterable[str] | None = None,
+    fleet: incremental.Fleet | None = None,
+) -> actions.Plan:
+    """The actions that move every node on, and a report per node and policy.
+
+    By default each node takes one step (one state) per pass, as upstream's state machine does.
+    With `chain`, as the operator plans, a node takes every step whose outcome the same facts
+    already decide, one patch per state (so each state label is still written, in order), and
+    slots freed by finishing nodes are taken in the same pass (actions.write_order says how the
+    patches must be applied for that to stay within the limits).
+
+    With a `fleet` (incremental, chained only), only the `focus` nodes are planned, plus the
+    waiting nodes a free slot reaches; the other nodes are counted from the fleet's summaries
+    (upgrade/incremental.py). Such a plan's `summaries` update the fleet; where it finds
+    something only a full pass decides (a stopped rollout, a rollback) it says so in
+    `needs_full` and is to be discarded for a full pass."""
+    if fleet is not None and not chain:
+        raise ValueError("incremental planning plans chained passes only")
+    return _Pass(snapshot, chain=chain, focus=focus, fleet=fleet).run()
 
 
 def summarize(plan_: actions.Plan) -> Mapping[str, int]:

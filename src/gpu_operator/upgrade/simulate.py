@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpu_operator.upgrade import actions, planner, states
@@ -69,6 +69,9 @@ class Outcome:
 
 
 Check = Callable[[Snapshot, actions.Plan], None]
+# Called with every node after each single node write (the limits must hold between the writes
+# of one pass too, not only between passes).
+WriteCheck = Callable[[Mapping[str, Node]], None]
 
 
 class _Model:
@@ -81,6 +84,7 @@ class _Model:
         self.pods: dict[str, Pod] = {p.key: p for p in snap.pods}
         self.queue: list[tuple[float, int, str, str]] = []  # (time, seq, what, pod key)
         self.seq = 0
+        self.waiting: dict[str, list[str]] = {}  # node -> validator pods waiting for its driver
         self.rv = 1000
         self.precompiled = {d.uid: d.precompiled for d in snap.daemonsets}
         self.targets = planner.pool_targets(
@@ -173,10 +177,22 @@ class _Model:
         )
         self.pods[new.key] = new
         if old.labels.get("app") == states.VALIDATOR_APP:
+            if not self._driver_ready_on(new.node):
+                # The validator's checks start once the node's driver is ready (its init
+                # container waits for it).
+                self.waiting.setdefault(new.node, []).append(new.key)
+                return
             delay = self.timing.validation
         else:
             delay = self.timing.start_for(self.precompiled.get(old.controller_uid, False))
         self.later(delay, "ready", new.key)
+
+    def _driver_ready_on(self, node: str) -> bool:
+        return any(
+            p.node == node and p.labels.get("app") == states.DRIVER_APP and p.ready
+            and not p.deleting
+            for p in self.pods.values()
+        )  # fmt: skip
 
     def fire(self, what: str, key: str) -> None:
         if what == "gone":
@@ -184,7 +200,11 @@ class _Model:
         elif what == "replace":
             self.replace(key)
         elif what == "ready" and key in self.pods:
-            self.pods[key] = dataclasses.replace(self.pods[key], ready=True)
+            pod = self.pods[key]
+            self.pods[key] = dataclasses.replace(pod, ready=True)
+            if pod.labels.get("app") == states.DRIVER_APP:
+                for waiting in self.waiting.pop(pod.node, []):
+                    self.later(self.timing.validation, "ready", waiting)
 
 
 def run(
@@ -192,6 +212,7 @@ def run(
     timing: Timing | None = None,
     *,
     check: Check | None = None,
+    check_writes: WriteCheck | None = None,
     max_steps: int = 100_000,
     horizon: float = 30 * 24 * 3600.0,
 ) -> Outcome:
@@ -205,13 +226,19 @@ def run(
     while steps < max_steps:
         steps += 1
         current = model.snapshot()
-        plan = planner.plan(current)
+        plan = planner.plan(current, chain=True)
         if check is not None:
             check(current, plan)
         for group in plan.groups.values():
             peak_unavailable = max(peak_unavailable, group.unavailable)
             peak_in_progress = max(peak_in_progress, group.in_progress)
         batch: list[str] = []
+        # A node's report tells its last step; the Event of its start says whether a canary.
+        canaries = {
+            a.node
+            for a in plan.actions
+            if isinstance(a, actions.Event) and a.message.startswith("canary ")
+        }
         for report in plan.nodes.values():
             entry = runs.setdefault(report.node, NodeRun(report.node, report.pool))
             entry.state = report.state
@@ -221,7 +248,7 @@ def run(
             if leaves_idle and report.state not in states.IDLE and entry.started is None:
                 entry.started = model.now
                 entry.batch = len(batches)
-                entry.canary = "canary" in report.message
+                entry.canary = report.node in canaries or "canary" in report.message
                 batch.append(report.node)
             if report.state in (states.UPGRADE_DONE, states.UPGRADE_FAILED) and (
                 entry.started is not None and entry.finished is None
@@ -229,7 +256,7 @@ def run(
                 entry.finished = model.now
         if batch:
             batches.append(sorted(batch))
-        changed = _apply(model, plan.actions, runs)
+        changed = _apply(model, plan.actions, runs, check_writes)
         if changed:
             continue
         wake = [model.queue[0][0]] if model.queue else []
@@ -255,13 +282,24 @@ def run(
     )
 
 
-def _apply(model: _Model, todo: Iterable[actions.Action], runs: dict[str, NodeRun]) -> bool:
+def _apply(
+    model: _Model,
+    todo: list[actions.Action],
+    runs: dict[str, NodeRun],
+    check_writes: WriteCheck | None = None,
+) -> bool:
+    """Apply a plan as the controller does: node patches in their write order (the nodes that
+    start only after every other node's steps), then the pod work."""
     changed = False
-    for action in todo:
-        if isinstance(action, actions.PatchNode):
-            model.patch(action)
+    first, starts = actions.write_order(todo)
+    for chain in [*first, *starts]:
+        for patch in chain:
+            model.patch(patch)
             changed = True
-        elif isinstance(action, actions.EvictPod):
+            if check_writes is not None:
+                check_writes(model.nodes)
+    for action in todo:
+        if isinstance(action, actions.EvictPod):
             if model.evict(action):
                 changed = True
                 runs[action.node].evicted.append(f"{action.namespace}/{action.name}")

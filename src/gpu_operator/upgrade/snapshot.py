@@ -7,6 +7,7 @@ plan from the same facts.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +49,24 @@ def _interned(mapping: Mapping[str, Any]) -> dict[str, str]:
     return {sys.intern(str(k)): sys.intern(str(v)) for k, v in mapping.items()}
 
 
-@dataclass(frozen=True)
+# Pods of one DaemonSet carry the same labels: one dict for all of them (read-only: the planner
+# and the simulator copy before they change labels). Bounded, as pod labels may be anything.
+_POD_LABELS: dict[tuple[tuple[Any, Any], ...], dict[str, str]] = {}
+_POD_LABELS_LIMIT = 10_000
+
+
+def _pod_labels(mapping: Mapping[str, Any]) -> Mapping[str, str]:
+    key = tuple(mapping.items())
+    found = _POD_LABELS.get(key)
+    if found is None:
+        if len(_POD_LABELS) >= _POD_LABELS_LIMIT:
+            _POD_LABELS.clear()
+        found = _POD_LABELS[key] = _interned(mapping)
+    return found
+
+
+# Nodes and pods are kept per cached object (140,000 pods at 20,000 nodes): slots, no __dict__.
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     labels: Mapping[str, str]
@@ -88,7 +106,7 @@ def node_from(obj: Obj) -> Node:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pod:
     namespace: str
     name: str
@@ -106,6 +124,9 @@ class Pod:
     grace_seconds: int
     config_digest: str | None = None
     image: str = ""
+    # The ResourceClaims the pod holds (names in its namespace); `Snapshot.build` marks the pod
+    # a GPU pod when one of them is allocated by NVIDIA's GPU DRA driver.
+    claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -129,6 +150,51 @@ def _uses_gpu(spec: Obj) -> bool:
                 if str(name).startswith(_GPU_RESOURCE_PREFIXES):
                     return True
     return False
+
+
+def _claims(spec: Obj, status: Obj) -> tuple[str, ...]:
+    """The names of the pod's ResourceClaims: named in the spec, or (made from a template) as the
+    pod's status reports them; an entry whose claim is not made yet holds nothing."""
+    made = {
+        str(s.get("name")): str(s["resourceClaimName"])
+        for s in status.get("resourceClaimStatuses") or []
+        if s.get("resourceClaimName")
+    }
+    names = []
+    for entry in spec.get("resourceClaims") or []:
+        name = entry.get("resourceClaimName") or made.get(str(entry.get("name")))
+        if name:
+            names.append(sys.intern(str(name)))
+    return tuple(names)
+
+
+# The DRA driver of NVIDIA's GPUs: a pod holding a claim it allocated uses GPUs as one that
+# requests nvidia.com/gpu does (upstream 26.7 counts both).
+GPU_DRA_DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A ResourceClaim as the upgrade planner needs it: does it hold GPUs of `gpu.nvidia.com`?"""
+
+    namespace: str
+    name: str
+    gpu: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def claim_from(obj: Obj) -> Claim:
+    """Allocated by `gpu.nvidia.com` without admin access: admin-access results (monitoring and
+    validation pods) give a management view of the devices without consuming them, so, as
+    upstream, they neither hold a driver restart back nor get the pod evicted."""
+    meta = obj.get("metadata") or {}
+    allocation = (obj.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    gpu = any(r.get("driver") == GPU_DRA_DRIVER and not r.get("adminAccess") for r in results)
+    return Claim(str(meta.get("namespace") or ""), str(meta.get("name")), gpu)
 
 
 def _env(ctr: Obj, name: str) -> str | None:
@@ -171,20 +237,26 @@ def pod_from(obj: Obj) -> Pod:
         namespace=sys.intern(str(meta.get("namespace") or "")),
         name=str(meta.get("name")),
         node=sys.intern(str(spec.get("nodeName") or "")),
-        phase=str(status.get("phase") or "Pending"),
+        phase=sys.intern(str(status.get("phase") or "Pending")),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         deleting=bool(meta.get("deletionTimestamp")),
         created=timestamp(meta.get("creationTimestamp")),
-        labels=_interned(meta.get("labels") or {}),
-        controller_kind=str(controller.get("kind")) if controller else None,
-        controller_uid=str(controller.get("uid")) if controller else None,
+        labels=_pod_labels(meta.get("labels") or {}),
+        # Shared by every pod of a DaemonSet: one string each, not one per pod.
+        controller_kind=sys.intern(str(controller.get("kind"))) if controller else None,
+        controller_uid=sys.intern(str(controller.get("uid"))) if controller else None,
         gpu=_uses_gpu(spec),
         empty_dir=any("emptyDir" in v for v in spec.get("volumes") or []),
         restarts=max((int(s.get("restartCount") or 0) for s in statuses), default=0),
         grace_seconds=int(spec.get("terminationGracePeriodSeconds") or 30),
-        config_digest=_digest(spec),
-        image=_driver_image(containers),
+        config_digest=_shared(_digest(spec)),
+        image=sys.intern(_driver_image(containers)),
+        claims=_claims(spec, status),
     )
+
+
+def _shared(value: str | None) -> str | None:
+    return sys.intern(value) if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -374,8 +446,21 @@ class Snapshot:
         budgets: Iterable[Budget] = (),
         owners: Iterable[Owner] = (),
         namespace: str = "",
+        claims: Iterable[Claim] | None = None,
     ) -> Snapshot:
+        """`claims`: the cluster's ResourceClaims, None where the DRA API is not served. A pod
+        holding a `gpu.nvidia.com` claim is a GPU pod; so is one holding a claim not (yet) seen,
+        as upstream counts a claim it cannot read (draining one pod too many can be undone,
+        restarting a driver under a running GPU pod cannot)."""
         pod_list = tuple(p for p in pods if p.node)
+        if claims is not None:
+            held = {c.key: c.gpu for c in claims}
+            pod_list = tuple(
+                dataclasses.replace(p, gpu=True)
+                if not p.gpu and any(held.get(f"{p.namespace}/{name}", True) for name in p.claims)
+                else p
+                for p in pod_list
+            )
         by_node: dict[str, list[Pod]] = {}
         for pod in pod_list:
             by_node.setdefault(pod.node, []).append(pod)

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kubesim import errors
 from kubesim.auth import tokens
 from kubesim.auth.attributes import Attributes, resource_attributes
 from kubesim.auth.rules import Rule
+from kubesim.auth.tokens import Tokens
 from kubesim.auth.users import UserInfo
-from kubesim.store import now
+from kubesim.store import Store, now
 
-if TYPE_CHECKING:
-    from kubesim.auth import Auth
+
+class Auth(Protocol):
+    """What the reviews ask of the cluster's authentication and authorisation (kubesim.auth.Auth,
+    which answers the review requests through this module)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def tokens(self) -> Tokens: ...
+
+    def allowed(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]: ...
+
+    def rules(self, user: UserInfo, namespace: str) -> tuple[list[Rule], list[str]]: ...
+
 
 _MIN_EXPIRATION = 600
 _MAX_EXPIRATION = 2**32

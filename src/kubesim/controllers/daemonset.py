@@ -228,10 +228,10 @@ class DaemonSetController(Controller):
         if ds_key is None:
             return  # not indexed yet: the DaemonSet's first (full) sync will find the pod
         state = self.states[ds_key]
-        new_node = (event.new.obj.get("spec") or {}).get("nodeName", "")
+        new_node = _target_node(event.new.obj)
         old_node = new_node
         if event.old is not None:
-            old_node = (event.old.obj.get("spec") or {}).get("nodeName", "")
+            old_node = _target_node(event.old.obj)
             if old_node != new_node:
                 state.drop_pod(old_node, meta["name"])
                 state.dirty.add(old_node)
@@ -309,7 +309,7 @@ class DaemonSetController(Controller):
             found = self.store.peek(POD_KEY, ns, pod_name)
             if found is None or not scheduling.is_controlled_by(found.obj, state.uid):
                 continue
-            state.add_pod((found.obj.get("spec") or {}).get("nodeName", ""), found)
+            state.add_pod(_target_node(found.obj), found)
         state.dirty.update(s.obj["metadata"]["name"] for s in self.store.scan(NODE_KEY))
         state.dirty.update(state.pods)
         state.dirty.update(state.records)
@@ -636,7 +636,7 @@ class DaemonSetController(Controller):
                 spec = dict(prototype["spec"])
                 _pin(spec, node)
                 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-                created = self.store.insert(rt, pod, trusted=True)
+                created = self.store.insert(rt, pod, trusted=True, defaulted=True)
         except errors.ApiError as exc:
             self._event(ds, "Warning", "FailedCreate", f"Error creating: {exc.message}")
             state.rechecks[node] = time.monotonic() + 1.0
@@ -747,10 +747,34 @@ def _pod_prototype(ds: dict[str, Any], template: dict[str, Any], revision_hash: 
     return pod
 
 
+def _target_node(pod: dict[str, Any]) -> str:
+    """The node a daemon pod is for: its `nodeName`, or (not bound yet) the node its required
+    affinity names, as upstream's controller finds it."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName") or ""
+    if node:
+        return str(node)
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {})  # fmt: skip
+    for term in required.get("nodeSelectorTerms") or ():
+        for field in term.get("matchFields") or ():
+            if field.get("key") == "metadata.name" and field.get("operator") == "In":
+                values = field.get("values") or []
+                if len(values) == 1:
+                    return str(values[0])
+    return ""
+
+
 def _pin(spec: dict[str, Any], node: str) -> None:
-    """Bind a daemon pod spec to a node; as upstream, the required node affinity becomes one
-    term naming the node (preferred terms are kept)."""
-    spec["nodeName"] = node
+    """Pin a daemon pod spec to a node; as upstream, the required node affinity becomes one
+    term naming the node (preferred terms are kept). A pod with ResourceClaims is left to the
+    scheduler, as upstream leaves every daemon pod: its DRA plugin allocates the claims when it
+    binds the pod (a pod created bound would run with unallocated claims, which the kubelet
+    refuses). Other pods are bound at once (kubesim's shortcut: the outcome is the same)."""
+    if not spec.get("resourceClaims"):
+        spec["nodeName"] = node
+    else:
+        spec.pop("nodeName", None)
     affinity = dict(spec.get("affinity") or {})
     node_affinity = dict(affinity.get("nodeAffinity") or {})
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {

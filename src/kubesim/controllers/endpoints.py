@@ -5,10 +5,15 @@ Ready pods become `addresses`, not-ready ones `notReadyAddresses` (all ready wit
 Named `targetPort`s are resolved per pod from its container ports; a pod lacking the name is left
 out of that port. Services without a selector get nothing from this controller (their Endpoints
 are the user's), as upstream.
+
+Syncs are incremental: each Service keeps its addresses grouped by served ports and in address
+order, and a sync re-derives only the pods that changed since the last one. Two pods with the
+same IP (host-network pods) are two addresses, as upstream keys addresses by IP and pod.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from typing import Any
 
@@ -30,6 +35,9 @@ MAX_ADDRESSES = 1000
 OVER_CAPACITY = "endpoints.kubernetes.io/over-capacity"
 # Services selecting at most this many pods are synced on every pod change.
 BATCH_FREE_PODS = 100
+# Label sets remembered with the Services that select them (per namespace, until a Service
+# changes); more distinct sets than this start the memory afresh.
+_MATCH_LIMIT = 10_000
 
 
 def service_selects(service: dict[str, Any], labels: dict[str, str] | None) -> bool:
@@ -47,21 +55,12 @@ def managed(service: dict[str, Any]) -> bool:
     return bool(spec.get("selector")) and spec.get("type") != "ExternalName"
 
 
-def selected_pods(store: Store, service: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pods in the Service's namespace that its selector selects, by name."""
-    namespace = service["metadata"].get("namespace", "")
-    return [
-        s.obj
-        for s in store.scan(POD_KEY, namespace)
-        if service_selects(service, s.obj["metadata"].get("labels"))
-    ]
-
-
 def batch_delay(selected: int) -> float:
     """How long pod changes of a Service selecting this many pods are gathered before a sync.
 
-    A sync rebuilds the Service's whole address list, so syncing on every pod change costs
-    O(pods squared) while thousands of pods start; like kube-controller-manager's
+    A sync re-derives only the changed pods but still lists (and the store encodes) the
+    Service's whole address list, so syncing on every pod change would cost O(pods squared)
+    writes while thousands of pods start; like kube-controller-manager's
     --endpoint-updates-batch-period, changes are batched, here for a time that grows with the
     Service (nothing for a few pods, 1 s at 5,000).
     """
@@ -76,11 +75,14 @@ class ServicePods:
         self.store = store
         self._members: dict[tuple[str, str], dict[str, Stored]] = {}
         self._selectors: dict[tuple[str, str], Any] = {}
+        # (namespace, label items) -> the Services selecting that label set: the pods of a
+        # workload share a few label sets, so a pod event tests no selector at all.
+        self._matches: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[str, str]]] = {}
 
-    def pods(self, service: dict[str, Any]) -> list[dict[str, Any]]:
-        """The selected pods (built by one namespace scan the first time, or after the
-        selector changed)."""
-        return [s.obj for s in self._of(service).values()]
+    def members(self, service: dict[str, Any]) -> dict[str, Stored]:
+        """The selected pods by name (the live index, kept up to date by `pod_changed`;
+        callers must not change it)."""
+        return self._of(service)
 
     def count(self, key: tuple[str, str]) -> int:
         """How many pods a Service selects (0 when not yet built)."""
@@ -105,24 +107,41 @@ class ServicePods:
         self._members.pop(key, None)
         self._selectors.pop(key, None)
 
+    def service_changed(self) -> None:
+        """A Service was created, changed or deleted: selections are computed afresh."""
+        self._matches.clear()
+
+    def _selecting(self, namespace: str, labels: dict[str, str] | None) -> list[tuple[str, str]]:
+        """The Services in a namespace whose selector selects a label set."""
+        ident = (namespace, tuple(labels.items()) if labels else ())
+        found = self._matches.get(ident)
+        if found is None:
+            found = [
+                (namespace, stored.obj["metadata"]["name"])
+                for stored in self.store.scan(SERVICE_KEY, namespace)
+                if service_selects(stored.obj, labels)
+            ]
+            if len(self._matches) >= _MATCH_LIMIT:
+                self._matches.clear()
+            self._matches[ident] = found
+        return found
+
     def pod_changed(self, event: Event) -> list[tuple[str, str]]:
         """Update membership for a pod event; the keys of the Services it concerns."""
         meta = event.new.obj["metadata"]
         namespace = meta.get("namespace", "")
         labels = meta.get("labels")
-        old_labels = event.old.obj["metadata"].get("labels") if event.old is not None else None
-        affected = []
-        for stored in self.store.scan(SERVICE_KEY, namespace):
-            service = stored.obj
-            selects = service_selects(service, labels)
-            if not (selects or service_selects(service, old_labels)):
-                continue
-            key = (namespace, service["metadata"]["name"])
-            affected.append(key)
+        selecting = self._selecting(namespace, labels)
+        affected = list(selecting)
+        if event.old is not None:
+            old_labels = event.old.obj["metadata"].get("labels")
+            if old_labels != labels:
+                affected += [k for k in self._selecting(namespace, old_labels) if k not in affected]
+        for key in affected:
             members = self._members.get(key)
             if members is None:
                 continue  # built on first use
-            if selects and event.type != "DELETED":
+            if event.type != "DELETED" and key in selecting:
                 members[meta["name"]] = event.new
             else:
                 members.pop(meta["name"], None)
@@ -187,6 +206,8 @@ class ServiceController(Controller):
         super().__init__(store)
         self.selected = ServicePods(store)
         self.memo: dict[tuple[str, str], Any] = {}
+        # Per Service, the pods whose endpoints may have changed since its last sync.
+        self.dirty: dict[tuple[str, str], set[str]] = {}
 
     def initial_keys(self) -> list[Any]:
         return self.keys_of(SERVICE_KEY)
@@ -198,13 +219,28 @@ class ServiceController(Controller):
         if event.key == SERVICE_KEY:
             meta = event.new.obj["metadata"]
             key = (meta["namespace"], meta["name"])
+            self.selected.service_changed()
             if event.type == "DELETED":
                 self.selected.forget(key)
                 self.memo.pop(key, None)
+                self.dirty.pop(key, None)
             self.enqueue(key)
         elif event.key == POD_KEY:
+            name = event.new.obj["metadata"]["name"]
             for key in self.selected.pod_changed(event):
+                self.dirty.setdefault(key, set()).add(name)
                 self.enqueue_batched(key)
+
+    def changed_pods(
+        self, key: tuple[str, str], service: dict[str, Any], state: Any
+    ) -> tuple[dict[str, Stored], set[str]]:
+        """The Service's selected pods by name, and those to derive again: the ones changed
+        since the last sync, or all when there was none or the Service changed since."""
+        members = self.selected.members(service)
+        changed = self.dirty.pop(key, set())
+        if state is None or state.service is not service:
+            changed = set(members)
+        return members, changed
 
 
 class EndpointsController(ServiceController):
@@ -226,10 +262,14 @@ class EndpointsController(ServiceController):
         service = stored.obj
         if not managed(service):
             return
-        memo = self.memo.setdefault(key, {})
-        subsets, truncated = truncate(
-            build_subsets(self.store, service, self.selected.pods(service), memo)
-        )
+        state = self.memo.get(key)
+        members, changed = self.changed_pods(key, service, state)
+        if state is None or state.service is not service:
+            state = self.memo[key] = _Subsets(service)
+        for pod_name in changed:
+            stored_pod = members.get(pod_name)
+            state.put(pod_name, _address(service, stored_pod.obj) if stored_pod else None)
+        subsets, truncated = truncate(state.subsets())
         labels = dict(service["metadata"].get("labels") or {})
         labels[MANAGED_BY] = CONTROLLER_NAME
         if (service.get("spec") or {}).get("clusterIP") == "None":
@@ -275,6 +315,67 @@ class EndpointsController(ServiceController):
         self.store.replace(rt, obj, namespace=namespace, name=name)
 
 
+_Address = tuple[bool, dict[str, Any], frozenset[tuple[str, int, str]]]
+# (address sort key, pod name, address)
+_Keyed = tuple[tuple[int, ...], str, dict[str, Any]]
+
+
+def _keyed_order(item: _Keyed) -> tuple[tuple[int, ...], str]:
+    return (item[0], item[1])
+
+
+class _Subsets:
+    """One Service's addresses as last synced: per pod its address, and per set of served
+    ports the ready and not-ready addresses in (address, pod name) order."""
+
+    __slots__ = ("entries", "groups", "service")
+
+    def __init__(self, service: dict[str, Any]) -> None:
+        self.service = service
+        self.entries: dict[str, _Address] = {}
+        self.groups: dict[frozenset[tuple[str, int, str]], tuple[list[_Keyed], list[_Keyed]]] = {}
+
+    def put(self, name: str, entry: _Address | None) -> None:
+        """Set or (None) drop one pod's address, keeping the groups sorted."""
+        old = self.entries.pop(name, None)
+        if old is not None:
+            ready, address, ports = old
+            group = self.groups[ports]
+            keyed = group[0 if ready else 1]
+            at = bisect.bisect_left(keyed, (ip_sort_key(address["ip"]), name), key=_keyed_order)
+            if at < len(keyed) and keyed[at][1] == name:
+                del keyed[at]
+            if not group[0] and not group[1]:
+                del self.groups[ports]
+        if entry is not None:
+            self.entries[name] = entry
+            ready, address, ports = entry
+            group = self.groups.setdefault(ports, ([], []))
+            bisect.insort(
+                group[0 if ready else 1],
+                (ip_sort_key(address["ip"]), name, address),
+                key=_keyed_order,
+            )
+
+    def subsets(self) -> list[dict[str, Any]]:
+        """EndpointSubsets: one per set of served ports, ordered by their ports."""
+        result = []
+        for port_set, (ready, not_ready) in self.groups.items():
+            subset: dict[str, Any] = {}
+            if ready:
+                subset["addresses"] = [address for _, _, address in ready]
+            if not_ready:
+                subset["notReadyAddresses"] = [address for _, _, address in not_ready]
+            if port_set:
+                subset["ports"] = [
+                    {**({"name": name} if name else {}), "port": port, "protocol": protocol}
+                    for name, port, protocol in sorted(port_set)
+                ]
+            result.append((sorted(port_set), subset))
+        result.sort(key=lambda item: ([(n, p) for n, p, _ in item[0]], item[0]))
+        return [subset for _, subset in result]
+
+
 def _ours(endpoints: dict[str, Any]) -> bool:
     return (endpoints["metadata"].get("labels") or {}).get(MANAGED_BY) == CONTROLLER_NAME
 
@@ -297,53 +398,6 @@ def truncate(subsets: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]
                     take
                 )
     return [kept[i] for i in sorted(kept)], True
-
-
-def build_subsets(
-    store: Store,
-    service: dict[str, Any],
-    pods: list[dict[str, Any]] | None = None,
-    memo: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """EndpointSubsets for a Service, packed so addresses with the same ports share a subset
-    (`pods`: the selected pods when the caller keeps them, else found by a namespace scan;
-    `memo`: the caller's per-pod results of the last call, reused for unchanged pods)."""
-    # (ready, address) per pod, plus the set of ports each address serves
-    entries: dict[str, tuple[bool, dict[str, Any], frozenset[tuple[str, int, str]]]] = {}
-    previous = dict(memo or {})
-    for pod in selected_pods(store, service) if pods is None else pods:
-        name = pod["metadata"]["name"]
-        cached = previous.get(name)
-        if cached is not None and cached[0] is pod and cached[1] is service:
-            entry = cached[2]
-        else:
-            entry = _address(service, pod)
-        if memo is not None:
-            memo[name] = (pod, service, entry)
-        previous.pop(name, None)
-        if entry is not None:
-            entries[entry[1]["ip"]] = entry
-    if memo is not None:
-        for gone in previous:
-            memo.pop(gone, None)
-    groups: dict[frozenset[tuple[str, int, str]], dict[str, list[dict[str, Any]]]] = {}
-    for ready, address, ports in entries.values():
-        group = groups.setdefault(ports, {"addresses": [], "notReadyAddresses": []})
-        group["addresses" if ready else "notReadyAddresses"].append(address)
-    subsets = []
-    for port_set, group in groups.items():
-        subset: dict[str, Any] = {}
-        for field in ("addresses", "notReadyAddresses"):
-            if group[field]:
-                subset[field] = sorted(group[field], key=lambda a: ip_sort_key(a["ip"]))
-        if port_set:
-            subset["ports"] = [
-                {**({"name": name} if name else {}), "port": port, "protocol": protocol}
-                for name, port, protocol in sorted(port_set)
-            ]
-        subsets.append(subset)
-    subsets.sort(key=lambda s: [(p.get("name", ""), p["port"]) for p in s.get("ports") or []])
-    return subsets
 
 
 def _address(

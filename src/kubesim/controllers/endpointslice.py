@@ -5,10 +5,16 @@ selects no pods keeps one empty placeholder slice, as upstream. Terminating pods
 `ready: false` and `terminating: true`; `serving` follows pod readiness. Slices carry the
 `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by` labels and are owned by
 the Service (the garbage collector removes them with it).
+
+Syncs are incremental, as upstream's: each Service keeps its endpoints grouped by ports and in
+address order, and a sync re-derives only the endpoints of the pods that changed since the last
+one (or whose node changed zone: nodes are watched for their `topology.kubernetes.io/zone`),
+not the whole Service; its own slice writes do not queue the Service again.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from kubesim.controllers import endpoints as common
@@ -28,27 +34,91 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 Ports = list[dict[str, Any]]
 # (ports key, ports, endpoint, address sort key)
 _Entry = tuple[str, Ports, dict[str, Any], tuple[int, ...]]
-# Field order of an endpoint as built (kept when a zone changes).
-_ENDPOINT_ORDER = ("addresses", "conditions", "hostname", "nodeName", "zone", "targetRef")
+
+
+class _Groups:
+    """One Service's endpoints as last synced: per pod its entry, and per ports key the entries
+    in (address, pod name) order, as the slices list them."""
+
+    __slots__ = ("entries", "groups", "service")
+
+    def __init__(self, service: dict[str, Any]) -> None:
+        self.service = service
+        self.entries: dict[str, _Entry | None] = {}
+        # ports key -> (ports, [(address sort key, pod name, endpoint)])
+        self.groups: dict[str, tuple[Ports, list[tuple[tuple[int, ...], str, dict[str, Any]]]]] = {}
+
+    def put(self, name: str, entry: _Entry | None) -> None:
+        """Set (or with None and no pod, drop) one pod's entry, keeping the groups sorted."""
+        old = self.entries.pop(name, None)
+        if old is not None:
+            group = self.groups[old[0]][1]
+            at = bisect.bisect_left(group, (old[3], name), key=_sort_key)
+            if at < len(group) and group[at][1] == name:
+                del group[at]
+            if not group:
+                del self.groups[old[0]]
+        self.entries[name] = entry
+        if entry is not None:
+            key, ports, endpoint, order = entry
+            bisect.insort(
+                self.groups.setdefault(key, (ports, []))[1], (order, name, endpoint), key=_sort_key
+            )
+
+
+def _sort_key(item: tuple[tuple[int, ...], str, dict[str, Any]]) -> tuple[tuple[int, ...], str]:
+    return (item[0], item[1])
 
 
 class EndpointSliceController(common.ServiceController):
-    """Keys are (namespace, name) of Services; `memo` holds each Service's entries by pod name:
-    (pod version, Service version, its entry)."""
+    """Keys are (namespace, name) of Services; `memo` holds each Service's `_Groups`, `dirty`
+    the pods whose endpoints changed since its last sync."""
 
     name = "endpointslice-controller"
-    resources = (SERVICE_KEY, POD_KEY, SLICE_KEY)
-    memo: dict[tuple[str, str], dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]]]
+    resources = (SERVICE_KEY, POD_KEY, SLICE_KEY, NODE_KEY)
+    memo: dict[tuple[str, str], _Groups]
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        # True while this controller writes a slice: the store reports the write synchronously,
+        # and what the controller wrote itself needs no sync.
+        self._writing = False
 
     def on_event(self, event: Event) -> None:
+        if event.key == NODE_KEY:
+            self._node_event(event)
+            return
         if event.key != SLICE_KEY:
             super().on_event(event)
             return
+        if self._writing:
+            return
         labels = event.new.obj["metadata"].get("labels") or {}
         if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
-            # Mostly our own writes: batched like pod changes, so a big Service is not
-            # rebuilt once more after every sync.
+            # Someone else's write (or deletion) of one of our slices: batched like pod changes.
             self.enqueue_batched((event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME]))
+
+    def _node_event(self, event: Event) -> None:
+        """A node whose zone changed (or that went): its endpoints are derived again."""
+        zone = (event.new.obj["metadata"].get("labels") or {}).get(ZONE_LABEL)
+        if event.type == "DELETED":
+            zone = None
+        old = event.old.obj["metadata"] if event.old is not None else None
+        if ((old.get("labels") or {}) if old is not None else {}).get(ZONE_LABEL) == zone:
+            return
+        node = event.new.obj["metadata"]["name"]
+        for key, state in self.memo.items():
+            for pod, entry in state.entries.items():
+                if entry is not None and entry[2].get("nodeName") == node:
+                    self.dirty.setdefault(key, set()).add(pod)
+                    self.enqueue_batched(key)
+
+    def _write(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        self._writing = True
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._writing = False
 
     def reconcile(self, key: Any) -> None:
         namespace, name = key
@@ -61,7 +131,9 @@ class EndpointSliceController(common.ServiceController):
             or not common.managed(stored.obj)
         ):
             for slice_ in existing:
-                self.store.remove(rt, namespace, slice_.obj["metadata"]["name"])
+                self._write(self.store.remove, rt, namespace, slice_.obj["metadata"]["name"])
+            self.memo.pop(key, None)
+            self.dirty.pop(key, None)
             return
         service = stored.obj
         desired = self._desired(service)
@@ -87,7 +159,8 @@ class EndpointSliceController(common.ServiceController):
                 matched[index] = (spare.pop(0), ports, endpoint_list)
         for current, ports, endpoint_list in matched:
             if current is None:
-                self.store.insert(
+                self._write(
+                    self.store.insert,
                     rt,
                     {
                         "apiVersion": "discovery.k8s.io/v1",
@@ -117,9 +190,15 @@ class EndpointSliceController(common.ServiceController):
             updated["ports"] = ports
             updated["metadata"]["labels"] = labels
             updated["metadata"].setdefault("annotations", {})[common.TRIGGER_TIME] = now()
-            self.store.replace(rt, updated, namespace=namespace, name=updated["metadata"]["name"])
+            self._write(
+                self.store.replace,
+                rt,
+                updated,
+                namespace=namespace,
+                name=updated["metadata"]["name"],
+            )
         for slice_ in spare:
-            self.store.remove(rt, namespace, slice_.obj["metadata"]["name"])
+            self._write(self.store.remove, rt, namespace, slice_.obj["metadata"]["name"])
 
     def _owned_slices(self, namespace: str, name: str) -> list[Stored]:
         result = []
@@ -133,42 +212,26 @@ class EndpointSliceController(common.ServiceController):
         """(ports, endpoints) per slice: grouped by resolved ports, 100 endpoints at most."""
         meta = service["metadata"]
         ident = (meta.get("namespace", ""), meta["name"])
-        # Entries are remembered per pod version (and Service version): a sync after a few pod
-        # changes rebuilds only theirs, not all of a big Service's endpoints.
-        previous = self.memo.get(ident, {})
-        entries: dict[str, tuple[dict[str, Any], dict[str, Any], _Entry | None]] = {}
-        groups: dict[str, tuple[Ports, list[tuple[tuple[int, ...], dict[str, Any]]]]] = {}
-        for pod in self.selected.pods(service):
-            name = pod["metadata"]["name"]
-            cached = previous.get(name)
-            if cached is not None and cached[0] is pod and cached[1] is service:
-                entry = cached[2]
+        state = self.memo.get(ident)
+        # All pods on the first sync or after the Service changed (selector, ports,
+        # publishNotReadyAddresses), else only those changed since.
+        members, changed = self.changed_pods(ident, service, state)
+        if state is None or state.service is not service:
+            state = self.memo[ident] = _Groups(service)
+        for name in changed:
+            stored = members.get(name)
+            if stored is None:
+                state.put(name, None)
+                del state.entries[name]
             else:
-                entry = self._entry(service, pod)
-            entries[name] = (pod, service, entry)
-            if entry is None:
-                continue
-            key, ports, endpoint, order = entry
-            node_name = endpoint.get("nodeName")
-            if node_name:
-                node = self.store.peek(NODE_KEY, "", node_name)
-                zone = ((node.obj["metadata"].get("labels") or {}) if node else {}).get(ZONE_LABEL)
-                if zone != endpoint.get("zone"):
-                    endpoint = {k: v for k, v in endpoint.items() if k != "zone"}
-                    if zone:
-                        endpoint["zone"] = zone
-                    endpoint = {k: endpoint[k] for k in _ENDPOINT_ORDER if k in endpoint}
-                    entries[name] = (pod, service, (key, ports, endpoint, order))
-            groups.setdefault(key, (ports, []))[1].append((order, endpoint))
-        self.memo[ident] = entries
-        if not groups:
+                state.put(name, self._entry(service, stored.obj))
+        if not state.groups:
             # A placeholder keeps the Service visible to consumers that watch slices.
             return [(None, None)]
         result: list[tuple[Ports | None, list[Any] | None]] = []
-        for key in sorted(groups):
-            ports, keyed = groups[key]
-            keyed.sort(key=lambda item: item[0])
-            endpoint_list = [endpoint for _, endpoint in keyed]
+        for key in sorted(state.groups):
+            ports, keyed = state.groups[key]
+            endpoint_list = [endpoint for _, _, endpoint in keyed]
             for start in range(0, len(endpoint_list), MAX_ENDPOINTS):
                 result.append((ports or None, endpoint_list[start : start + MAX_ENDPOINTS]))
         return result

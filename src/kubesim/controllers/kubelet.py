@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import logging
 import re
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from kubesim import (
     selectors,
     termination,
 )
-from kubesim.controllers.base import Controller
+from kubesim.controllers.base import SLICE_SECONDS, Controller
 from kubesim.controllers.volumes import (
     CONFIGMAP_KEY,
     SECRET_KEY,
@@ -46,6 +47,7 @@ from kubesim.devicemanager import (
     DeviceManagers,
     PreStartError,
 )
+from kubesim.dramanager import DRAManagers, PrepareError, UnprepareError, uses_claims
 from kubesim.store import Event, Store, dumps, loads, now
 from kubesim.streaming.runtime import (
     ContainerInstance,
@@ -99,6 +101,16 @@ class KubeletConfig:
     # long a resource whose plugin went away keeps its capacity (the kubelet's 10 s and 5 min).
     device_plugin_dial_timeout: float = 10.0
     device_plugin_grace_period: float = 300.0
+    # DRA manager (kubesim.dramanager): how often the plugins_registry directory is looked at
+    # (the kubelet is told by inotify), the first retry of a failed plugin registration
+    # (doubling, as the plugin manager's 500 ms), how long a DRA plugin has to answer a call (the
+    # kubelet's 45 s), how long a driver without a plugin keeps its ResourceSlices (30 s) and how
+    # often claims of pods gone from the node are unprepared.
+    dra_plugin_watch_interval: float = 0.05
+    dra_registration_retry: float = 0.5
+    dra_call_timeout: float = 45.0
+    dra_wiping_delay: float = 30.0
+    dra_reconcile_period: float = 60.0
     kubelet_version: str = "v1.35.0"
     container_runtime_version: str = "containerd://2.0.5"
     kernel_version: str = "6.8.0-52-generic"
@@ -397,6 +409,8 @@ class _PodWorker:
         self.termination_messages: dict[str, str] = {}
         # Device-plugin allocations per container name, from admission.
         self.allocations: dict[str, ContainerAllocation] = {}
+        # The pod as last read for its ResourceClaims (status.resourceClaimStatuses).
+        self.claims_pod = pod
         # (reason, message) when admission refused the pod.
         self.rejected: tuple[str, str] | None = None
         # The CRI runtime handler of the pod's RuntimeClass ("" = the runtime's default).
@@ -576,9 +590,12 @@ class _PodWorker:
         if not cfg.instant:
             # Instant mode publishes only the settled state (one status write per pod).
             self.mark()
+        await asyncio.sleep(0)  # instant mode has no other pause: let the API server run
         await self._mount_volumes()
+        await self._prepare_dynamic_resources()
         await self._run_sandbox()
         self.sandbox_ready = True
+        await asyncio.sleep(0)
         restart_policy = spec.get("restartPolicy", "Always")
         for index, container in enumerate(inits):
             status = self.init_statuses[index]
@@ -605,6 +622,7 @@ class _PodWorker:
                 if restart_policy == "Never":
                     self.phase = "Failed"
                     self.kubelet.devices.release(self.node_name, self.uid)
+                    self.kubelet.unprepare_later(self.node_name, self.claims_pod)
                     self.mark()
                     return
                 status["restartCount"] += 1
@@ -622,6 +640,7 @@ class _PodWorker:
         self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
         # A finished pod's devices are free for others (the kubelet frees inactive pods').
         self.kubelet.devices.release(self.node_name, self.uid)
+        self.kubelet.unprepare_later(self.node_name, self.claims_pod)
         self.mark()
 
     async def _admit(self) -> bool:
@@ -629,8 +648,14 @@ class _PodWorker:
         devices are allocated, or the pod is rejected (Failed) as the kubelet rejects it."""
         spec = self.pod.get("spec") or {}
         containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
-        # A pod with a runner may be a device plugin: its node's kubelet.sock must be there.
+        # A pod with a runner may be a device plugin: its node's kubelet.sock must be there
+        # (and a DRA driver's plugin: its node's plugins_registry must be watched).
         start = any(self.kubelet.runner_for(self.pod, c) is not None for c in containers)
+        if start and self.kubelet.filesystems is not None:
+            try:
+                await self.kubelet.dra.ensure(self.node_name)
+            except (OSError, ValueError) as exc:
+                log.error("DRA manager of node %s did not start: %s", self.node_name, exc)
         try:
             self.allocations = await self.kubelet.devices.admit(
                 self.node_name, self.pod, start=start
@@ -642,6 +667,35 @@ class _PodWorker:
             self.mark()
             return False
         return True
+
+    async def _prepare_dynamic_resources(self) -> None:
+        """Have the DRA drivers prepare the pod's ResourceClaims before its sandbox exists,
+        retrying with back-off (Events `FailedPrepareDynamicResources`) until they are; the
+        pod stays Pending with its containers in ContainerCreating meanwhile."""
+        if not uses_claims(self.pod):
+            return
+        attempt = 0
+        while True:
+            # The claim names come from the pod's status (the resource claim controller writes
+            # them): read the pod again on every try.
+            stored = self.kubelet.store.peek(POD_KEY, *self.key)
+            if stored is not None and stored.obj["metadata"].get("uid") == self.uid:
+                self.claims_pod = stored.obj
+            try:
+                await self.kubelet.dra.prepare(self.node_name, self.claims_pod)
+                return
+            except PrepareError as exc:
+                message = exc.message
+            self.event(
+                "Warning",
+                "FailedPrepareDynamicResources",
+                f"Failed to prepare dynamic resources: {message}",
+            )
+            self.mark()
+            attempt += 1
+            # Even in instant mode a driver that is not there yet is not polled in a tight
+            # loop (each try is an Event and a status write): 0.1 s doubling up to 3 s.
+            await asyncio.sleep(max(self._retry_delay(attempt), min(0.1 * 2 ** (attempt - 1), 3.0)))
 
     async def _mount_volumes(self) -> None:
         """Set up the pod's volumes, retrying (with FailedMount Events) until all are there."""
@@ -1093,6 +1147,11 @@ class _PodWorker:
         allocation = self.allocations.get(container.get("name", ""))
         if allocation is not None:
             env = {**allocation.envs, **env}  # as for runners: the container's own win
+        # The CRI CDIDevices field: device plugins' devices, then the container's DRA claims'.
+        cdi_names = list(allocation.cdi_devices) if allocation is not None else []
+        cdi_names += self.kubelet.dra.container_cdi_devices(
+            self.node_name, self.claims_pod, container
+        )
         return programs.ContainerView(
             pod=self.pod,
             container=container,
@@ -1101,10 +1160,8 @@ class _PodWorker:
             init=init,
             allocation=allocation,
             runtime_handler=self.runtime_handler,
-            cdi_devices=(
-                cri.cdi_devices(allocation.cdi_devices, allocation.annotations)
-                if allocation is not None
-                else ()
+            cdi_devices=cri.cdi_devices(
+                cdi_names, allocation.annotations if allocation is not None else {}
             ),
         )
 
@@ -1431,6 +1488,8 @@ class Kubelet(Controller):
         self.programs = programs.ProgramRegistry()
         # Per-node device managers (device plugins, pod resources), started when first needed.
         self.devices = DeviceManagers(self)
+        # Per-node DRA managers (plugin registration, DRA drivers' calls), likewise.
+        self.dra = DRAManagers(self)
 
     def start(self) -> None:
         super().start()
@@ -1449,6 +1508,7 @@ class Kubelet(Controller):
         for task in list(self._stopping):
             task.cancel()
         await self.devices.stop_all()
+        await self.dra.stop_all()
 
     # ----- registration -------------------------------------------------------------------------
 
@@ -1579,6 +1639,7 @@ class Kubelet(Controller):
                     self._discard(bound_key)
             self.images.pop(key[1], None)
             self._spawn(self.devices.forget(key[1]))
+            self._spawn(self.dra.forget(key[1]))
             if self.filesystems is not None and self.store.peek(NODE_KEY, "", key[1]) is None:
                 self.filesystems.remove(key[1])
             return
@@ -1643,6 +1704,8 @@ class Kubelet(Controller):
         async def terminate() -> None:
             if worker is not None:
                 await worker.stop(grace, announce=True)
+            # The pod object stays until the DRA drivers have unprepared its claims.
+            await self.unprepare(pod["spec"].get("nodeName", ""), pod)
             delay = min(cfg.delay(cfg.termination_delay), grace)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -1669,6 +1732,31 @@ class Kubelet(Controller):
             self.workers.pop(pod_key, None)
         self._spawn(terminate())
 
+    def unprepare_later(self, node: str, pod: dict[str, Any]) -> None:
+        """Unprepare a finished pod's claims in the background (no-op without claims)."""
+        if uses_claims(pod) and self.dra.might_need_unprepare(node, pod["metadata"]["uid"]):
+            self._spawn(self.unprepare(node, pod))
+
+    async def unprepare(self, node: str, pod: dict[str, Any]) -> None:
+        """Unprepare a pod's claims, trying again with back-off until the drivers did it (as
+        the kubelet's pod worker retries terminating a pod), or the node is gone."""
+        if not uses_claims(pod):
+            return
+        delay = max(self.config.dra_registration_retry, 0.01)
+        while self.dra.might_need_unprepare(node, pod["metadata"]["uid"]):
+            try:
+                await self.dra.unprepare(node, pod)
+                return
+            except UnprepareError as exc:
+                log.warning(
+                    "pod %s/%s: %s",
+                    pod["metadata"].get("namespace"),
+                    pod["metadata"].get("name"),
+                    exc.message,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
     # ----- status writes ----------------------------------------------------------------------
 
     def mark_dirty(self, pod_key: tuple[str, str]) -> None:
@@ -1680,9 +1768,17 @@ class Kubelet(Controller):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty = list(self._dirty), set()
         rt = self.rt("pods")
-        for pod_key in dirty:
+        deadline = time.perf_counter() + SLICE_SECONDS
+        for at, pod_key in enumerate(dirty):
+            if at and time.perf_counter() >= deadline:
+                # The API server shares this event loop: the other pods' status writes wait
+                # for its next turn (a thousand pods starting at once took 0.1 s here).
+                self._dirty.update(dirty[at:])
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+                return
             worker = self.workers.get(pod_key)
             stored = self.store.peek(POD_KEY, *pod_key)
             if worker is None or stored is None or stored.obj["metadata"]["uid"] != worker.uid:

@@ -8,10 +8,11 @@ could help happens (a node is added or changes, a pod stops occupying a node), n
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubesim.controllers import scheduling
+from kubesim.controllers import scheduler_dra, scheduling
 from kubesim.controllers.base import Controller
 from kubesim.store import Event, Store, Stored, now
 
@@ -90,6 +91,10 @@ def plugin_of(reason: str) -> str:
         return "NodeUnschedulable"
     if reason == PORTS:
         return "NodePorts"
+    if reason in (scheduler_dra.CANNOT_ALLOCATE, scheduler_dra.NOT_ON_NODE) or reason.startswith(
+        ("claim ", "request ")
+    ):
+        return scheduler_dra.PLUGIN
     if reason.startswith("node(s) had untolerated taint"):
         return "TaintToleration"
     return "NodeResourcesFit"
@@ -293,7 +298,7 @@ class Scheduler(Controller):
     """Binds pods without `spec.nodeName` whose schedulerName is `default-scheduler`."""
 
     name = SCHEDULER_NAME
-    resources = (NODE_KEY, POD_KEY)
+    resources = (NODE_KEY, POD_KEY, *scheduler_dra.KEYS)
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
@@ -303,10 +308,12 @@ class Scheduler(Controller):
         self.unschedulable: dict[tuple[str, str], frozenset[str]] = {}
         self._order: list[str] | None = None
         self._next_start = 0
+        self.dra = scheduler_dra.DraPlugin(store)
 
     # ----- the allocation index --------------------------------------------------------------
 
     def initial_keys(self) -> list[Any]:
+        self.dra.start()
         for stored in self.store.scan(NODE_KEY):
             self._node_changed(stored.obj)
         pending = []
@@ -422,6 +429,10 @@ class Scheduler(Controller):
                 self.enqueue(key)
 
     def on_event(self, event: Event) -> None:
+        if event.key in scheduler_dra.KEYS:
+            if self.dra.on_event(event):
+                self._retry_unschedulable(frozenset({scheduler_dra.PLUGIN}))
+            return
         if event.key == NODE_KEY:
             obj = event.new.obj
             if event.type == "DELETED":
@@ -443,6 +454,8 @@ class Scheduler(Controller):
             key in self.unschedulable
             and event.old is not None
             and event.old.obj.get("spec") == pod.get("spec")
+            and (event.old.obj.get("status") or {}).get("resourceClaimStatuses")
+            == (pod.get("status") or {}).get("resourceClaimStatuses")
         ):
             return  # a status or metadata write (often our own): nothing new to try
         self.enqueue(key)
@@ -455,6 +468,16 @@ class Scheduler(Controller):
             self.unschedulable.pop(key, None)
             return
         fit = PodFit(stored.obj)
+        claims: scheduler_dra.PodClaims | None = None
+        classes: dict[str, Any] = {}
+        allocations: dict[str, scheduler_dra.Plan] = {}
+        if fit.spec.get("resourceClaims"):
+            claims = self.dra.pod_claims(stored.obj)
+            if claims.waiting:
+                # PreEnqueue: the pod waits (no attempt, no event) until its claims exist.
+                self.unschedulable[key] = frozenset({scheduler_dra.PLUGIN})
+                return
+            classes = self.dra.classes()
         order = self.node_order()
         total = len(order)
         wanted = feasible_nodes_to_find(total)
@@ -467,6 +490,13 @@ class Scheduler(Controller):
             info = self.nodes[order[(start + offset) % total]]
             processed += 1
             why, final = fit.filter(info)
+            if not why and claims is not None:
+                assert info.node is not None
+                reason, found = self.dra.filter(claims, info.node, classes)
+                if reason:
+                    why, final = [reason], reason != scheduler_dra.CANNOT_ALLOCATE
+                else:
+                    allocations[info.name] = found or scheduler_dra.NOTHING
             if not why:
                 feasible.append(info)
                 if len(feasible) >= wanted:
@@ -486,7 +516,20 @@ class Scheduler(Controller):
             self._unschedulable(key, stored, message)
             return
         self.unschedulable.pop(key, None)
-        self._bind(key, stored, self._best(fit, feasible))
+        best = self._best(fit, feasible)
+        if claims is not None:
+            self.dra.reserve(stored.obj, claims, allocations[best], self._write_claim)
+        self._bind(key, stored, best)
+
+    def _write_claim(self, obj: dict[str, Any], allocated: bool) -> None:
+        """Write a claim's finalizer (when newly allocated), then its status."""
+        rt = self.rt("resourceclaims.resource.k8s.io")
+        meta = obj["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        if allocated:
+            written = self.store.replace(rt, copy.deepcopy(obj), namespace=namespace, name=name)
+            meta["resourceVersion"] = written.obj["metadata"]["resourceVersion"]
+        self.store.replace(rt, obj, namespace=namespace, name=name, subresource="status")
 
     def _best(self, fit: PodFit, feasible: list[NodeInfo]) -> str:
         raw = [(info, fit.score(info)) for info in feasible]

@@ -8,8 +8,6 @@ simulations pay nothing for it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -23,6 +21,7 @@ from kubesim.devicemanager.manager import (
     go_rpc_error,
     is_extended_resource_name,
 )
+from kubesim.node_managers import NodeManagers
 from kubesim.store import Store
 
 log = logging.getLogger("kubesim.devicemanager")
@@ -59,37 +58,17 @@ class KubeletView(Protocol):
         """The kubelet's settings."""
 
 
-class DeviceManagers:
-    """The device managers of all simulated nodes."""
+class DeviceManagers(NodeManagers[DeviceManager]):
+    """The device managers of all simulated nodes (each serves kubelet.sock and the
+    pod-resources socket once started)."""
+
+    needs = "device plugins need the node's /var/lib/kubelet/device-plugins"
 
     def __init__(self, kubelet: KubeletView) -> None:
+        super().__init__(kubelet)
         self.kubelet = kubelet
-        self._managers: dict[str, DeviceManager] = {}
-        self._starting: dict[str, asyncio.Task[DeviceManager]] = {}
 
-    def get(self, node: str) -> DeviceManager | None:
-        """The node's running device manager, if it has been started."""
-        return self._managers.get(node)
-
-    async def ensure(self, node: str) -> DeviceManager:
-        """The node's device manager, started (kubelet.sock and the pod-resources socket
-        served) if it was not yet."""
-        manager = self._managers.get(node)
-        if manager is not None:
-            return manager
-        filesystems = self.kubelet.filesystems
-        if filesystems is None:
-            raise RuntimeError(
-                "no node filesystems (the cluster is not running or has node_filesystems=False):"
-                " device plugins need the node's /var/lib/kubelet/device-plugins"
-            )
-        task = self._starting.get(node)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._start(node, filesystems))
-            self._starting[node] = task
-        return await asyncio.shield(task)
-
-    async def _start(self, node: str, filesystems: NodeFilesystems) -> DeviceManager:
+    def _create(self, node: str, filesystems: NodeFilesystems) -> DeviceManager:
         config = self.kubelet.config
         manager = DeviceManager(
             node,
@@ -98,11 +77,11 @@ class DeviceManagers:
             dial_timeout=config.device_plugin_dial_timeout,
             grace_period=config.device_plugin_grace_period,
         )
-        try:
-            await manager.start()
-            self._managers[node] = manager
-        finally:
-            self._starting.pop(node, None)
+        dra = getattr(self.kubelet, "dra", None)  # the kubelet's DRA managers, when it has them
+        if dra is not None:
+            manager.claim_source = lambda pod, container: dra.container_devices(
+                node, pod, container
+            )
         return manager
 
     async def restart(self, node: str) -> DeviceManager | None:
@@ -114,20 +93,9 @@ class DeviceManagers:
             return None
         return await self.ensure(node)
 
-    async def forget(self, node: str) -> None:
-        """Stop a node's device manager (node deleted or kubelet restarting)."""
-        task = self._starting.get(node)
-        if task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(task)
-        manager = self._managers.pop(node, None)
-        if manager is not None:
-            await manager.stop()
-
     async def stop_all(self) -> None:
         """Stop every node's device manager."""
-        for node in list(self._starting) + list(self._managers):
-            await self.forget(node)
+        await self._forget_all()
 
     # ----- the kubelet's hooks ------------------------------------------------------------------
 

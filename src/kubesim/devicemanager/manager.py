@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,13 @@ from grpc import aio
 
 import kubeletapi
 from kubeletapi.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from kubesim import errors, quantity, selectors
+from kubeletapi.podresources.v1 import api_pb2 as podresources_pb2
+from kubesim import errors, quantity
 from kubesim.controllers.volumes import resolve_within
 from kubesim.devicemanager import checkpoint
 from kubesim.devicemanager.allocation import ContainerAllocation, merge
 from kubesim.devicemanager.podresources import serve_pod_resources
+from kubesim.node_managers import node_pods
 from kubesim.store import Store
 from kubesim.validation import syntax
 
@@ -240,6 +243,9 @@ class DeviceManager:
         self._closing: set[asyncio.Task[None]] = set()
         # Registrations accepted so far (for tests and diagnostics).
         self.registrations = 0
+        # The kubelet's DRA manager's view of a container's prepared claims (pod, container ->
+        # [(claim info, [(driver, prepared device)])]), for the pod-resources API; None: no DRA.
+        self.claim_source: Callable[[dict[str, Any], dict[str, Any]], list[Any]] | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -700,21 +706,34 @@ class DeviceManager:
 
     # ----- pods and checkpoint ------------------------------------------------------------------
 
+    def dynamic_resources(
+        self, pod: dict[str, Any], container: dict[str, Any]
+    ) -> list[podresources_pb2.DynamicResource]:
+        """A container's prepared DRA claims, as the pod-resources API reports them."""
+        if self.claim_source is None:
+            return []
+        return [
+            podresources_pb2.DynamicResource(
+                claim_name=info.name,
+                claim_namespace=info.namespace,
+                claim_resources=[
+                    podresources_pb2.ClaimResource(
+                        cdi_devices=[
+                            podresources_pb2.CDIDevice(name=cdi) for cdi in device.cdi_device_ids
+                        ],
+                        driver_name=driver,
+                        pool_name=device.pool,
+                        device_name=device.device,
+                    )
+                    for driver, device in devices
+                ],
+            )
+            for info, devices in self.claim_source(pod, container)
+        ]
+
     def pods(self, *, active_only: bool = False) -> list[dict[str, Any]]:
         """The pods bound to this node (active: not Succeeded or Failed)."""
-        rt = self.store.registry.resolve("pods")
-        result = []
-        for stored in self.store.select(
-            rt,
-            None,
-            selectors.EVERYTHING,
-            selectors.parse_field_selector(f"spec.nodeName={self.node}"),
-        ):
-            phase = (stored.obj.get("status") or {}).get("phase")
-            if active_only and phase in ("Succeeded", "Failed"):
-                continue
-            result.append(stored.obj)
-        return result
+        return node_pods(self.store, self.node, active_only=active_only)
 
     def _write_checkpoint(self) -> None:
         entries = [

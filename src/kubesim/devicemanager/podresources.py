@@ -2,22 +2,61 @@
 
 Served from the device manager's accounting: which devices each container of the node's active
 pods holds (`List`, `Get`) and which healthy devices the node has (`GetAllocatableResources`).
-CPU ids, memory and dynamic resources are left empty: kubesim manages neither CPUs nor memory
-nor DRA claims.
+Each container also lists its prepared DRA claims in `dynamic_resources` (kubelet 1.35 has
+KubeletPodResourcesDynamicResources on by default, beta since 1.34): per claim the container
+lists in `resources.claims`, its name and namespace and, per device the driver prepared for it
+(only the named request's when the entry names one), the driver, pool, device and CDI device
+ids. CPU ids and memory are left empty: kubesim manages neither CPUs nor memory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
 
+from kubeletapi.deviceplugin.v1beta1 import api_pb2 as plugin_pb2
 from kubeletapi.podresources.v1 import api_pb2, api_pb2_grpc
 
-if TYPE_CHECKING:
-    from kubesim.devicemanager.manager import DeviceManager
+
+# What the server reads of the device manager (the kubelet's devices and pods providers); the
+# manager (devicemanager/manager.py) starts the server with itself as the provider.
+class AssignedDevices(Protocol):
+    """One container's devices of one resource, by NUMA node."""
+
+    @property
+    def by_numa(self) -> Mapping[int, list[str]]: ...
+
+
+class ResourceDevices(Protocol):
+    """The devices a plugin listed for one resource name, and which of them are healthy."""
+
+    @property
+    def devices(self) -> Mapping[str, plugin_pb2.Device]: ...
+
+    @property
+    def healthy(self) -> set[str]: ...
+
+
+class DevicesProvider(Protocol):
+    @property
+    def pod_devices(self) -> Mapping[str, Mapping[str, Mapping[str, AssignedDevices]]]:
+        """Pod UID -> container name -> resource -> devices."""
+        ...
+
+    @property
+    def resources(self) -> Mapping[str, ResourceDevices]: ...
+
+    def pods(self, *, active_only: bool = False) -> list[dict[str, Any]]: ...
+
+    def dynamic_resources(
+        self, pod: dict[str, Any], container: dict[str, Any]
+    ) -> list[api_pb2.DynamicResource]:
+        """A container's prepared DRA claims."""
+        ...
 
 
 def _topology(numa: int) -> api_pb2.TopologyInfo | None:
@@ -27,7 +66,7 @@ def _topology(numa: int) -> api_pb2.TopologyInfo | None:
 
 
 def container_resources(
-    manager: DeviceManager, pod: dict[str, Any], container: dict[str, Any]
+    manager: DevicesProvider, pod: dict[str, Any], container: dict[str, Any]
 ) -> api_pb2.ContainerResources:
     """One container's entry: its devices grouped per resource and NUMA node."""
     name = container.get("name", "")
@@ -38,10 +77,12 @@ def container_resources(
         for numa, ids in sorted(assigned[resource].by_numa.items())
         if ids
     ]
-    return api_pb2.ContainerResources(name=name, devices=devices)
+    return api_pb2.ContainerResources(
+        name=name, devices=devices, dynamic_resources=manager.dynamic_resources(pod, container)
+    )
 
 
-def pod_resources(manager: DeviceManager, pod: dict[str, Any]) -> api_pb2.PodResources:
+def pod_resources(manager: DevicesProvider, pod: dict[str, Any]) -> api_pb2.PodResources:
     """A pod's entry: its sidecars (restartable init containers) and app containers, as the
     kubelet lists them (ordinary init containers have finished by then)."""
     spec = pod.get("spec") or {}
@@ -58,7 +99,7 @@ def pod_resources(manager: DeviceManager, pod: dict[str, Any]) -> api_pb2.PodRes
 
 
 class _PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
-    def __init__(self, manager: DeviceManager) -> None:
+    def __init__(self, manager: DevicesProvider) -> None:
         self.manager = manager
 
     async def List(
@@ -108,7 +149,7 @@ class _PodResourcesServicer(api_pb2_grpc.PodResourcesListerServicer):
         return api_pb2.AllocatableResourcesResponse(devices=devices)
 
 
-async def serve_pod_resources(manager: DeviceManager, path: Path) -> aio.Server:
+async def serve_pod_resources(manager: DevicesProvider, path: Path) -> aio.Server:
     """Start the pod-resources server of a node on a unix socket."""
     server = aio.server()
     api_pb2_grpc.add_PodResourcesListerServicer_to_server(_PodResourcesServicer(manager), server)

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubesim.protobuf import registry, wire
+from kubesim.protobuf import compiled, registry, wire
 from kubesim.protobuf.registry import Field, Message, Registry, Type
 
 # Every protobuf body and response starts with this magic, then a runtime.Unknown.
@@ -123,6 +123,20 @@ class Codec:
 
     def __init__(self, schemas: Registry | None = None) -> None:
         self.schemas = schemas or registry.default()
+        self._compiled: compiled.Compiler | None = None
+
+    def _compiler(self) -> compiled.Compiler:
+        """The compiled encoders of this codec's messages (kubesim.protobuf.compiled)."""
+        if self._compiled is None:
+            specials = {
+                name: _bound_special(self, name, encoder)
+                for name, encoder in _SPECIAL_ENCODERS.items()
+            }
+            self._compiled = compiled.Compiler(self.schemas, specials, self._slow_value)
+        return self._compiled
+
+    def _slow_value(self, number: int, t: Type, value: Any) -> bytes:
+        return self._encode_value(number, t, value, "")
 
     def has_kind(self, api_version: str, kind: str) -> bool:
         """Whether the kind has a protobuf schema."""
@@ -341,7 +355,15 @@ class Codec:
     # ----- encoding -------------------------------------------------------------------------------
 
     def encode_message(self, message: Message, value: Any, path: str) -> bytes:
-        """The bytes of one message from its JSON value."""
+        """The bytes of one message from its JSON value: the message's compiled encoder, or,
+        where it is unsure of a value, the schema walk (same bytes; errors name the field)."""
+        try:
+            return bytes(self._compiler().encoder(message.name)(value))
+        except Exception:  # the schema walk encodes it, or says what is wrong with it
+            return self.walk_message(message, value, path)
+
+    def walk_message(self, message: Message, value: Any, path: str) -> bytes:
+        """The bytes of one message from its JSON value, walking the schema field by field."""
         special = _SPECIAL_ENCODERS.get(message.name)
         if special is not None:
             return special(self, message, value, path)
@@ -356,6 +378,14 @@ class Codec:
             field_value = value if f.inline else value.get(f.json)
             out += self._encode_field(f, field_value, f"{path}.{f.json}")
         return bytes(out)
+
+    def encode_field(self, message: Message, f: Field, value: dict[str, Any], path: str) -> bytes:
+        """The bytes of field `f` of a message whose JSON value is `value` (nothing for an absent
+        pointer, slice or map): its compiled encoder, or where unsure, the schema walk."""
+        try:
+            return bytes(self._compiler().field_encoder(message.name, f.number)(value))
+        except Exception:  # the schema walk encodes it, or says what is wrong with it
+            return self._encode_field(f, value if f.inline else value.get(f.json), path)
 
     def _encode_field(self, f: Field, value: Any, path: str) -> bytes:
         t = f.type
@@ -577,14 +607,25 @@ def _decode_time(micro: bool) -> Decoder:
     return decode
 
 
+# Encoded Time/MicroTime bodies by their text: objects written in the same second share them.
+_TIME_BODIES: dict[str, bytes] = {}
+_TIME_BODIES_KEPT = 4096
+
+
 def _encode_time(micro: bool) -> Encoder:
     def encode(codec: Codec, message: Message, value: Any, path: str) -> bytes:
         if value is None:
             return b""
         if not isinstance(value, str):
             raise ProtobufError(f"{path}: expected an RFC 3339 time string")
-        seconds, nanos = parse_time(value, path)
-        return wire.varint_field(1, seconds) + wire.varint_field(2, nanos)
+        body = _TIME_BODIES.get(value)
+        if body is None:
+            seconds, nanos = parse_time(value, path)
+            body = wire.varint_field(1, seconds) + wire.varint_field(2, nanos)
+            if len(_TIME_BODIES) >= _TIME_BODIES_KEPT:
+                _TIME_BODIES.clear()
+            _TIME_BODIES[value] = body
+        return body
 
     return encode
 
@@ -835,6 +876,16 @@ _SPECIAL_ENCODERS: dict[str, Encoder] = {
     f"{_APIEXTENSIONS}.JSONSchemaPropsOrStringArray": _encode_or_string_array,
 }
 SPECIAL_TYPES = frozenset(_SPECIAL_DECODERS)
+
+
+def _bound_special(codec: Codec, name: str, encoder: Encoder) -> compiled.Special:
+    """A hand-written encoder as the compiled code calls it: value in, message bytes out."""
+
+    def encode(value: Any) -> bytes:
+        return encoder(codec, codec.schemas.message(name), value, "")
+
+    return encode
+
 
 _default: Codec | None = None
 

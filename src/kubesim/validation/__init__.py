@@ -14,7 +14,7 @@ from typing import Any
 
 from kubesim import builtin_schemas, errors, schema
 from kubesim.resources import ResourceType
-from kubesim.validation import apps, batch, core, field, meta, other
+from kubesim.validation import apps, batch, core, field, meta, other, resource
 from kubesim.validation.decode import decode_metadata, decode_object
 from kubesim.validation.field import FieldError
 
@@ -24,6 +24,7 @@ VALIDATORS: dict[str, Validator] = {
     **apps.VALIDATORS,
     **batch.VALIDATORS,
     **other.VALIDATORS,
+    **resource.VALIDATORS,
 }
 
 

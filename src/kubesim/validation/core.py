@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubesim.validation import field, meta, quantity, syntax
+from kubesim.validation import field, meta, quantity, resource, syntax
 from kubesim.validation.field import FieldError
 
 DATA_LIMIT = 1024 * 1024
@@ -129,6 +129,7 @@ def pod_spec(spec: Mapping[str, Any], path: str) -> list[FieldError]:
         )
     for index, toleration in enumerate(spec.get("tolerations") or []):
         problems.extend(_toleration(toleration, f"{path}.tolerations[{index}]"))
+    problems.extend(resource.pod_claims(spec, path))
     return problems
 
 

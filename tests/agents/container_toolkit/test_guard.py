@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpu_operator.agents.container_toolkit import guard, settings
-from gpu_operator.demo import nvidia_toolkit
+from gpudemo import nvidia_toolkit
 
 SAMPLES = Path(__file__).parent / "samples"
 CONFIG = "/etc/containerd/config.toml"

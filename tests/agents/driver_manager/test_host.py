@@ -11,16 +11,17 @@ from vm_hosts import host as make_host
 
 from gpu_operator.agents.driver_manager import host as host_mod
 from gpu_operator.agents.driver_manager import plan
-from gpu_operator.agents.pci import simulated
+from simhost import driver_host
+from simhost import pci as simulated
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> host_mod.NodeRootHost:
+def node(tmp_path: Path) -> driver_host.NodeRootHost:
     make_host(tmp_path, "t4x4")
-    return host_mod.NodeRootHost(tmp_path)
+    return driver_host.NodeRootHost(tmp_path)
 
 
-def load_driver(h: host_mod.NodeRootHost, version: str = "580.95.05") -> None:
+def load_driver(h: driver_host.NodeRootHost, version: str = "580.95.05") -> None:
     """What the driver container loads (nvidia, then its users)."""
     h.kernel.load_nvidia(version=version)
     for module in ("nvidia_uvm", "nvidia_modeset"):
@@ -34,12 +35,12 @@ def preinstall(root: Path) -> None:
     smi.chmod(0o755)
 
 
-def test_a_fresh_node_has_no_driver(node: host_mod.NodeRootHost) -> None:
+def test_a_fresh_node_has_no_driver(node: driver_host.NodeRootHost) -> None:
     facts = host_mod.observe(node)
     assert facts == plan.HostFacts()
 
 
-def test_a_preinstalled_driver_answers_with_its_version(node: host_mod.NodeRootHost) -> None:
+def test_a_preinstalled_driver_answers_with_its_version(node: driver_host.NodeRootHost) -> None:
     preinstall(node.root)
     assert node.host_driver_version() is None  # nvidia-smi fails without a loaded driver
     node.kernel.load_nvidia(version="550.127.05")
@@ -47,7 +48,7 @@ def test_a_preinstalled_driver_answers_with_its_version(node: host_mod.NodeRootH
 
 
 def test_the_operator_drivers_nvidia_smi_is_not_a_host_driver(
-    node: host_mod.NodeRootHost,
+    node: driver_host.NodeRootHost,
 ) -> None:
     smi = node.root / "run" / "nvidia" / "driver" / "usr" / "bin" / "nvidia-smi"
     smi.parent.mkdir(parents=True)
@@ -57,7 +58,7 @@ def test_the_operator_drivers_nvidia_smi_is_not_a_host_driver(
     assert plan.NVIDIA in host_mod.observe(node).loaded_modules
 
 
-def test_modules_come_out_users_first(node: host_mod.NodeRootHost) -> None:
+def test_modules_come_out_users_first(node: driver_host.NodeRootHost) -> None:
     load_driver(node)
     with pytest.raises(host_mod.HostError, match="Module nvidia is in use by: "):
         node.unload("nvidia")
@@ -67,7 +68,7 @@ def test_modules_come_out_users_first(node: host_mod.NodeRootHost) -> None:
     assert not (node.root / "proc" / "driver" / "nvidia" / "version").exists()
 
 
-def test_a_process_holding_the_driver_keeps_it_loaded(node: host_mod.NodeRootHost) -> None:
+def test_a_process_holding_the_driver_keeps_it_loaded(node: driver_host.NodeRootHost) -> None:
     load_driver(node)
     node.kernel.hold("nvidia")
     assert node.refcnt("nvidia") == 3  # nvidia_uvm, nvidia_modeset and the holder
@@ -82,7 +83,7 @@ def test_a_process_holding_the_driver_keeps_it_loaded(node: host_mod.NodeRootHos
 def test_processes_on_the_gpus_keep_the_cuda_modules_in_use(tmp_path: Path) -> None:
     make_host(tmp_path, "t4x4")
     running: list[str] = ["pid 4242 on GPU 0"]
-    h = host_mod.NodeRootHost(tmp_path, lambda: list(running))
+    h = driver_host.NodeRootHost(tmp_path, lambda: list(running))
     load_driver(h)
     h.unload("nvidia_modeset")  # no CUDA process holds it
     with pytest.raises(host_mod.HostError, match=r"nvidia_uvm is in use \(GPU processes: pid 4242"):
@@ -92,13 +93,13 @@ def test_processes_on_the_gpus_keep_the_cuda_modules_in_use(tmp_path: Path) -> N
     h.unload("nvidia")
 
 
-def test_unloading_a_module_that_is_not_loaded_says_so(node: host_mod.NodeRootHost) -> None:
+def test_unloading_a_module_that_is_not_loaded_says_so(node: driver_host.NodeRootHost) -> None:
     with pytest.raises(host_mod.HostError, match="Module nouveau is not currently loaded"):
         node.unload("nouveau")
 
 
 def test_unmounting_the_driver_root_removes_the_containers_files(
-    node: host_mod.NodeRootHost,
+    node: driver_host.NodeRootHost,
 ) -> None:
     root = node.root / "run" / "nvidia" / "driver"
     assert node.unmount_driver_root() == []
@@ -115,7 +116,7 @@ def test_unmounting_the_driver_root_removes_the_containers_files(
     assert (root / "lib" / "firmware").is_dir()
 
 
-def test_pid_and_state_files(node: host_mod.NodeRootHost) -> None:
+def test_pid_and_state_files(node: driver_host.NodeRootHost) -> None:
     run = node.root / "run" / "nvidia"
     run.mkdir(parents=True)
     assert node.stored_digest() is None
@@ -127,7 +128,7 @@ def test_pid_and_state_files(node: host_mod.NodeRootHost) -> None:
     assert not (run / "nvidia-driver.pid").exists()
 
 
-def test_mellanox_devices_and_mofed(node: host_mod.NodeRootHost) -> None:
+def test_mellanox_devices_and_mofed(node: driver_host.NodeRootHost) -> None:
     assert not node.mellanox_present()
     device = node.root / "sys" / "bus" / "pci" / "devices" / "0000:81:00.0"
     device.mkdir(parents=True)
@@ -148,7 +149,7 @@ def test_mellanox_devices_and_mofed(node: host_mod.NodeRootHost) -> None:
     assert node.mofed_ready(use_host_mofed=False)
 
 
-def test_observe_reports_what_the_plan_needs(node: host_mod.NodeRootHost) -> None:
+def test_observe_reports_what_the_plan_needs(node: driver_host.NodeRootHost) -> None:
     load_driver(node)
     node.kernel.load("nvidia_vgpu_vfio")
     (node.root / "run" / "nvidia").mkdir(parents=True)
@@ -159,7 +160,7 @@ def test_observe_reports_what_the_plan_needs(node: host_mod.NodeRootHost) -> Non
     assert facts.host_driver_version is None
 
 
-def test_the_simulated_kernel_is_the_hosts_kernel(node: host_mod.NodeRootHost) -> None:
+def test_the_simulated_kernel_is_the_hosts_kernel(node: driver_host.NodeRootHost) -> None:
     assert isinstance(node.kernel, simulated.SimulatedKernel)
     assert node.kernel.root == node.root
     assert node.pod_resources_socket == node.root / host_mod.POD_RESOURCES_SOCKET.lstrip("/")

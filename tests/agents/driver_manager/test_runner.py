@@ -20,13 +20,13 @@ from vm_hosts import host as make_host
 from waiting import DEADLINE, eventually, within
 
 import kubesim
-from gpu_operator.agents.driver_manager import host as host_mod
 from gpu_operator.agents.driver_manager import plan, runner
 from gpu_operator.agents.driver_manager.settings import Settings
 from gpu_operator.api import keys
 from gpu_operator.kube import driver_node
 from gpu_operator.operands import driver as driver_operand
 from gpu_operator.operands.facts import ClusterFacts
+from simhost import driver_host
 
 NODE = "gpu-1"
 NS = "gpu-operator"
@@ -57,7 +57,7 @@ FAST = Settings(
 @dataclass
 class Node:
     sim: kubesim.Cluster
-    host: host_mod.NodeRootHost
+    host: driver_host.NodeRootHost
     kubeconfig: Path
 
     @property
@@ -178,7 +178,7 @@ async def cluster(
                 if p["spec"].get("nodeName") == NODE
             ]
 
-        host = host_mod.NodeRootHost(root, running if processes else None)
+        host = driver_host.NodeRootHost(root, running if processes else None)
         for app, label in OPERANDS.items():
             ds = daemonset(app, NS)
             ds["spec"]["template"]["spec"]["nodeSelector"] = {label: "true"}
@@ -557,7 +557,7 @@ async def test_a_label_patch_that_loses_a_race_is_recomputed_from_the_new_labels
     make_host(tmp_path, "t4x4")
     api = _RacingApi()
     settings = Settings(**{**FAST.__dict__, "enable_gpu_pod_eviction": False})
-    run = runner.Runner(settings, host_mod.NodeRootHost(tmp_path), api)  # type: ignore[arg-type]
+    run = runner.Runner(settings, driver_host.NodeRootHost(tmp_path), api)  # type: ignore[arg-type]
     run.plan = plan.make_plan(plan.NodeFacts(dict(api.labels)), plan.HostFacts(), settings)
     await run._pause({DEPLOY + "device-plugin": P, DEPLOY + "gpu-feature-discovery": P})
     assert api.patches == [{"metadata": {"labels": {DEPLOY + "gpu-feature-discovery": P}}}]

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,22 @@ def _env(root: Path, resource: str) -> dict[str, str]:
     }
 
 
+# sockaddr_un holds 108 bytes; a deeper socket is reached through its directory's descriptor.
+_SOCKET_PATH_MAX = 100
+
+
+@contextlib.contextmanager
+def _socket_path(path: Path) -> Iterator[str]:
+    if len(str(path)) < _SOCKET_PATH_MAX:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
 async def ask(root: Path, resource: str, command: str) -> str:
     """Send one command to the resource's control daemon (real FIFO or simulated socket)."""
     control = pipe_dir(root, resource) / CONTROL
@@ -103,9 +120,10 @@ async def ask(root: Path, resource: str, command: str) -> str:
         raise ControlError(f"no MPS control pipe at {control}") from None
     if stat.S_ISSOCK(mode):
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(str(control)), COMMAND_TIMEOUT
-            )
+            with _socket_path(control) as address:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(address), COMMAND_TIMEOUT
+                )
             writer.write(command.encode() + b"\n")
             await writer.drain()
             line = await asyncio.wait_for(reader.readline(), COMMAND_TIMEOUT)
@@ -186,7 +204,8 @@ class SimulatedControl:
         self.socket.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.socket))
+        with _socket_path(self.socket) as address:
+            self._server = await asyncio.start_unix_server(self._serve, path=address)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_operator import nvml
@@ -44,17 +44,30 @@ async def _run(*argv: str, env: dict[str, str] | None = None) -> None:
 
 @dataclass
 class Daemon:
-    """The control daemon of one MPS-shared resource."""
+    """One MPS control daemon: its pipe/log directories are `<root>/<name>/{pipe,log}`, it runs
+    on `uuids` (exclusive compute mode while it runs) and gets `commands` once started. The
+    device plugin runs one per MPS-shared resource (`for_resource`); the DRA kubelet plugin one
+    per MPS-shared claim."""
 
-    resource: devices.Resource
+    name: str
+    uuids: list[str]
+    commands: list[str]
     root: Path
     simulated: bool
     control: mps.SimulatedControl | None = None
-    uuids: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_resource(cls, resource: devices.Resource, root: Path, simulated: bool) -> Daemon:
+        return cls(
+            name=resource.name,
+            uuids=list(dict.fromkeys(d.uuid for d in resource.devices)),
+            commands=mps.configure_commands(resource),
+            root=root,
+            simulated=simulated,
+        )
 
     async def start(self) -> None:
-        name = self.resource.name
-        self.uuids = list(dict.fromkeys(d.uuid for d in self.resource.devices))
+        name = self.name
         mps.pipe_dir(self.root, name).mkdir(parents=True, exist_ok=True)
         mps.log_dir(self.root, name).mkdir(parents=True, exist_ok=True)
         if self.simulated:
@@ -65,7 +78,7 @@ class Daemon:
             await self._compute_mode("EXCLUSIVE_PROCESS")
             log.info("starting MPS control daemon resource=%s", name)
             await _run(mps.CONTROL_BINARY, "-d", env=mps._env(self.root, name))
-        for command in mps.configure_commands(self.resource):
+        for command in self.commands:
             if self.control is not None:
                 self.control.answer(command)
             else:
@@ -76,7 +89,7 @@ class Daemon:
         mps.started_file(self.root, name).touch()
 
     async def stop(self) -> None:
-        name = self.resource.name
+        name = self.name
         with contextlib.suppress(FileNotFoundError):
             mps.started_file(self.root, name).unlink()
         if self.control is not None:
@@ -113,6 +126,13 @@ async def mount_shm(root: Path, *, simulated: bool) -> None:
     await _run("mount", "-t", "tmpfs", "-o", options, "shm", str(shm))
 
 
+async def unmount_shm(shm: Path, *, simulated: bool) -> None:
+    """Undo `mount_shm` (a DRA claim's shm directory when the claim is unprepared)."""
+    if not simulated:
+        with contextlib.suppress(DaemonError, OSError):
+            await _run("umount", str(shm))
+
+
 async def run(
     settings: Settings,
     open_nvml: Callable[[], nvml.Nvml],
@@ -142,7 +162,7 @@ async def run(
             if not resources:
                 log.info("No devices are configured for MPS sharing; waiting indefinitely.")
             for resource in resources:
-                daemon = Daemon(resource, root, simulated)
+                daemon = Daemon.for_resource(resource, root, simulated)
                 daemons.append(daemon)
                 await daemon.start()
             if resources:

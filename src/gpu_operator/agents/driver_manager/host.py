@@ -4,29 +4,24 @@ container's root and files under `/run/nvidia`, Mellanox devices and MOFED.
 `LinuxHost` is a real node from inside the privileged `k8s-driver-manager` container (the host's
 `/` at `/host`, its `/sys` and `/run/nvidia` mounted as themselves): `chroot /host nvidia-smi`,
 `/sys/module`, the `delete_module` system call (what `rmmod` does), a recursive unmount of
-`/run/nvidia/driver`. `NodeRootHost` is a node root directory laid out as the simulated host
-driver contract says (`/usr/bin/nvidia-smi` for a preinstalled driver, `/proc/driver/nvidia/version`
-while `nvidia` is loaded, `/run/nvidia/driver` holding the driver container's root); its modules
-are unloaded through `SimulatedKernel`, which refuses a module that other modules or users
-still hold, as Linux does.
+`/run/nvidia/driver`. A simulated node's host is `simhost.driver_host.NodeRootHost` (outside
+the product).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
 import platform
 import re
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from gpu_operator.agents.driver_manager import plan as plan_mod
 from gpu_operator.agents.pci import kernel as kernel_mod
-from gpu_operator.agents.pci import simulated, sysfs
+from gpu_operator.agents.pci import sysfs
 
 DRIVER_ROOT = "/run/nvidia/driver"
 PID_FILE = "/run/nvidia/nvidia-driver.pid"
@@ -41,7 +36,7 @@ MOFED_MODULE = "mlx5_core"
 CUDA_MODULES = frozenset({"nvidia_uvm", plan_mod.NVIDIA})
 # Modules whose state the plan needs.
 WATCHED_MODULES = frozenset({*plan_mod.UNLOAD_ORDER, plan_mod.NOUVEAU})
-_VERSION = re.compile(r"Kernel Module\s+(\S+)")
+VERSION_LINE = re.compile(r"Kernel Module\s+(\S+)")
 
 
 class HostError(RuntimeError):
@@ -97,26 +92,26 @@ def observe(host: Host) -> plan_mod.HostFacts:
     )
 
 
-def _read(path: Path) -> str | None:
+def read_file(path: Path) -> str | None:
     try:
         return path.read_text()
     except OSError:
         return None
 
 
-def _refcnt(sys_root: Path, module: str) -> int | None:
-    text = _read(sys_root / "sys" / "module" / module / "refcnt")
+def module_refcnt(sys_root: Path, module: str) -> int | None:
+    text = read_file(sys_root / "sys" / "module" / module / "refcnt")
     try:
         return int(text.strip()) if text is not None else None
     except ValueError:
         return None
 
 
-def _mellanox(sys_root: Path) -> bool:
+def mellanox_in(sys_root: Path) -> bool:
     return any(f.vendor == MELLANOX_VENDOR for f in sysfs.scan(sys_root))
 
 
-def _in(root: Path, path: str) -> Path:
+def in_root(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
 
 
@@ -180,7 +175,7 @@ class LinuxHost:
 
     @property
     def pod_resources_socket(self) -> Path | None:
-        return _in(self._host_root, POD_RESOURCES_SOCKET)
+        return in_root(self._host_root, POD_RESOURCES_SOCKET)
 
     def host_driver_version(self) -> str | None:
         argv = [
@@ -202,7 +197,7 @@ class LinuxHost:
         return sysfs.module_loaded(self._root, module)
 
     def refcnt(self, module: str) -> int | None:
-        return _refcnt(self._root, module)
+        return module_refcnt(self._root, module)
 
     def unload(self, module: str) -> None:
         number = _DELETE_MODULE.get(platform.machine())
@@ -216,12 +211,12 @@ class LinuxHost:
             raise HostError(rmmod_message(module, ctypes.get_errno()))
 
     def stored_digest(self) -> str | None:
-        text = _read(_in(self._root, STATE_FILE))
+        text = read_file(in_root(self._root, STATE_FILE))
         return text.strip() if text is not None else None
 
     def unmount_driver_root(self) -> list[str]:
-        mountinfo = _read(Path("/proc/self/mountinfo")) or ""
-        points = mount_points_under(mountinfo, str(_in(self._root, DRIVER_ROOT)))
+        mountinfo = read_file(Path("/proc/self/mountinfo")) or ""
+        points = mount_points_under(mountinfo, str(in_root(self._root, DRIVER_ROOT)))
         libc = _libc()
         for point in points:
             if libc.umount2(point.encode(), _MNT_DETACH) != 0:
@@ -232,102 +227,16 @@ class LinuxHost:
 
     def remove_pid_file(self) -> bool:
         try:
-            _in(self._root, PID_FILE).unlink()
+            in_root(self._root, PID_FILE).unlink()
         except FileNotFoundError:
             return False
         return True
 
     def mellanox_present(self) -> bool:
-        return _mellanox(self._root)
+        return mellanox_in(self._root)
 
     def mofed_ready(self, use_host_mofed: bool) -> bool:
         if use_host_mofed:
-            modules = _read(Path("/proc/modules")) or ""
+            modules = read_file(Path("/proc/modules")) or ""
             return any(line.split(" ", 1)[0] == MOFED_MODULE for line in modules.splitlines())
-        return _in(self._root, MOFED_READY).exists()
-
-
-# ----- a simulated node (a node root directory) -------------------------------------------
-
-
-class NodeRootHost:
-    """A node root directory (the simulated host driver contract, C1 in docs/node-chain.md)."""
-
-    def __init__(self, root: Path, gpu_processes: Callable[[], list[str]] | None = None) -> None:
-        self._root = root
-        self._kernel = simulated.SimulatedKernel(root)
-        # Processes running on the node's GPUs (the demo's mock GPUs): like CUDA programs, they
-        # keep nvidia_uvm and nvidia in use.
-        self._gpu_processes = gpu_processes
-
-    @property
-    def root(self) -> Path:
-        return self._root
-
-    @property
-    def kernel(self) -> simulated.SimulatedKernel:
-        return self._kernel
-
-    @property
-    def pod_resources_socket(self) -> Path | None:
-        return _in(self._root, POD_RESOURCES_SOCKET)
-
-    def host_driver_version(self) -> str | None:
-        # `nvidia-smi` of the host answers only with its driver loaded.
-        smi = _in(self._root, NVIDIA_SMI)
-        if not smi.is_file() or not self.loaded(plan_mod.NVIDIA):
-            return None
-        match = _VERSION.search(_read(_in(self._root, DRIVER_VERSION_FILE)) or "")
-        return match.group(1) if match else "unknown"
-
-    def loaded(self, module: str) -> bool:
-        return self._kernel.loaded(module)
-
-    def refcnt(self, module: str) -> int | None:
-        return _refcnt(self._root, module)
-
-    def unload(self, module: str) -> None:
-        if module in CUDA_MODULES and self._kernel.loaded(module) and self._gpu_processes:
-            running = self._gpu_processes()
-            if running:
-                raise HostError(
-                    rmmod_message(module, errno.EBUSY) + f" (GPU processes: {', '.join(running)})"
-                )
-        try:
-            self._kernel.unload(module)
-        except kernel_mod.KernelError as err:
-            raise HostError(str(err)) from None
-
-    def stored_digest(self) -> str | None:
-        text = _read(_in(self._root, STATE_FILE))
-        return text.strip() if text is not None else None
-
-    def unmount_driver_root(self) -> list[str]:
-        # The driver container's root is bind-mounted there: unmounted, its files are gone.
-        # Directories stay: the kubelet creates hostPath directories (the driver's firmware
-        # volume) on the host below the mount point, and those outlive the mount.
-        removed = False
-        for directory, dirs, files in os.walk(_in(self._root, DRIVER_ROOT)):
-            base = Path(directory)
-            links = [d for d in dirs if (base / d).is_symlink()]  # walk does not follow them
-            for name in [*files, *links]:
-                with contextlib.suppress(FileNotFoundError):
-                    (base / name).unlink()
-                    removed = True
-        return [DRIVER_ROOT] if removed else []
-
-    def remove_pid_file(self) -> bool:
-        try:
-            _in(self._root, PID_FILE).unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
-    def mellanox_present(self) -> bool:
-        return _mellanox(self._root)
-
-    def mofed_ready(self, use_host_mofed: bool) -> bool:
-        if use_host_mofed:
-            modules = _read(_in(self._root, "/proc/modules")) or ""
-            return any(line.split(" ", 1)[0] == MOFED_MODULE for line in modules.splitlines())
-        return _in(self._root, MOFED_READY).exists()
+        return in_root(self._root, MOFED_READY).exists()

@@ -4,7 +4,7 @@ On a host, writing `0000:07:00.0` to `/sys/bus/pci/drivers/vfio-pci/bind` makes 
 the device; the write fails with an errno (`EBUSY`, `ENODEV`, ...) when the kernel refuses. The
 agents do exactly these writes through `Kernel.write`, so the same code runs on a host
 (`LinuxKernel`: a plain file write, and `modprobe`) and on a simulated node
-(`gpu_operator.agents.pci.simulated.SimulatedKernel`: it edits the node's sysfs tree as the kernel
+(`simhost.pci.SimulatedKernel`: it edits the node's sysfs tree as the kernel
 would, and raises the same errors).
 """
 

@@ -1,1 +1,0 @@
-"""Glue that runs the product on the simulated cluster with mock GPUs."""

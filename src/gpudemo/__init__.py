@@ -1,0 +1,1 @@
+"""The demo: a thin session wiring the operator, kubesim and the simulated node host."""

@@ -1,0 +1,1 @@
+"""The kubelet's plugin-registration API (generated modules in `v1`)."""
