@@ -12,6 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpu_operator.agents.dra_kubelet_plugin.slices import DRIVER as DRA_DRIVER
 from gpu_operator.agents.gfd import labels as gfd_labels
 from gpu_operator.api import keys
 from gpu_operator.nvml import machines
@@ -378,6 +379,29 @@ class Summary:
     # What the ClusterPolicy's Ready message adds to "all operand states ready": coexistence
     # findings, nodes waiting at the startup gate, labels left alone.
     policy_notes: str = ""
+    # Devices the GPU DRA driver (gpu.nvidia.com) publishes in ResourceSlices, by their `type`
+    # attribute (gpu, mig), and the nodes publishing them.
+    dra_devices: dict[str, int] = field(default_factory=dict)
+    dra_nodes: int = 0
+
+
+def _plural(count: int) -> str:
+    return "" if count == 1 else "s"
+
+
+def _dra_devices(store: Store) -> tuple[dict[str, int], int]:
+    devices: Counter[str] = Counter()
+    nodes: set[str] = set()
+    for item in store.list("resourceslices"):
+        spec = item.get("spec") or {}
+        if spec.get("driver") != DRA_DRIVER:
+            continue
+        for device in spec.get("devices") or []:
+            kind = ((device.get("attributes") or {}).get("type") or {}).get("string") or "other"
+            devices[str(kind)] += 1
+            if spec.get("nodeName"):
+                nodes.add(str(spec["nodeName"]))
+    return dict(sorted(devices.items())), len(nodes)
 
 
 def summarize(
@@ -393,6 +417,7 @@ def summarize(
     allocatable: Counter[str] = Counter()
     labels_set = gfd_count = unlabelled = 0
     gpu_rows = {r.name for r in snap.gpu_rows}
+    dra_devices, dra_nodes = _dra_devices(store)
     nodes = store.list("nodes")
     for node in nodes:
         name = node["metadata"]["name"]
@@ -432,6 +457,8 @@ def summarize(
             if r.requested_workload in VM_WORKLOADS and r.workload == keys.WORKLOAD_CONTAINER
         ),
         policy_notes=_policy_notes(store),
+        dra_devices=dra_devices,
+        dra_nodes=dra_nodes,
     )
 
 
@@ -469,6 +496,16 @@ def summary_lines(summary: Summary, since: str = "ClusterPolicy creation") -> Se
             else []
         ),
         f"  allocatable:      {resources}",
+        *(
+            [
+                f"  DRA devices:      "
+                f"{', '.join(f'{n} {t}' for t, n in summary.dra_devices.items())} in"
+                f" ResourceSlices of {summary.dra_nodes} node{_plural(summary.dra_nodes)}"
+                f" ({DRA_DRIVER})"
+            ]
+            if summary.dra_devices
+            else []
+        ),
         f"  labels set:       {summary.labels_set} nvidia.com/ node labels"
         f" ({summary.gfd_labels} of them by GPU feature discovery)",
         f"  time to ready:    {summary.time_to_ready:.1f}s from {since}",

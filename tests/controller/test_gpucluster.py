@@ -371,3 +371,33 @@ async def test_gpucluster_runs_dcgm_and_the_exporter_on_admin_claims(env: Env) -
     finally:
         for driver in drivers:
             await driver.stop()
+
+
+async def test_turning_compute_domains_off_deletes_their_objects(env: Env) -> None:
+    """Objects a new spec no longer renders are deleted by the reconciler (not left behind)."""
+    env.start_operator()
+    env.sim.store.create(gpu_cluster())
+    channel = "compute-domain-default-channel.nvidia.com"
+    await env.wait(
+        lambda: (
+            all(dra_objects(env).values())
+            and env.sim.store.get("deviceclasses", channel) is not None
+        ),
+        "DRA objects with compute domains",
+        state=lambda: dra_objects(env),
+    )
+    live = env.sim.store.get(GC, "gpu-cluster") or {}
+    spec = live["spec"]
+    spec["draDriver"] = {**spec["draDriver"], "computeDomains": {"enabled": False}}
+    env.sim.store.update({**live, "spec": spec})
+    await env.wait(
+        lambda: (
+            not dra_objects(env)["controller"]
+            and env.sim.store.get("deviceclasses", channel) is None
+        ),
+        "the compute-domain controller and DeviceClasses deleted",
+        state=lambda: dra_objects(env),
+    )
+    # The rest of the stack stays.
+    assert dra_objects(env)["plugin"]
+    assert dra_objects(env)["gpu-class"]

@@ -155,3 +155,34 @@ def test_the_simulated_operand_note_shows_only_with_a_simulated_column() -> None
     text = _rendered(simulated)
     assert "vgpu-manager*" in text
     assert "* simulated operand" in text
+
+
+def _slice(node: str, driver: str, kinds: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}"},
+        "spec": {
+            "driver": driver, "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"d{i}", "attributes": {"type": {"string": kind}}}
+                for i, kind in enumerate(kinds)
+            ],
+        },
+    }  # fmt: skip
+
+
+def test_dra_devices_are_counted_by_type_for_the_gpu_driver_only() -> None:
+    """A GPUCluster's demo has no allocatable nvidia.com/gpu: the summary says what the GPU DRA
+    driver published instead (other drivers' devices are not GPUs of ours)."""
+    store = Store()
+    store.create(_slice("a100-mig-1", "gpu.nvidia.com", ["gpu", "gpu", "mig", "mig", "mig"]))
+    store.create(_slice("t4-1", "gpu.nvidia.com", ["gpu"]))
+    store.create(_slice("t4-1", "compute-domain.nvidia.com", ["channel", "daemon"]))
+    devices, nodes = view._dra_devices(store)
+    assert (devices, nodes) == ({"gpu": 3, "mig": 3}, 2)
+    summary = view.Summary(0, 0, {}, {}, 0, 0, 1.0, [], [], dra_devices=devices, dra_nodes=nodes)
+    line = "  DRA devices:      3 gpu, 3 mig in ResourceSlices of 2 nodes (gpu.nvidia.com)"
+    assert line in view.summary_lines(summary)
+    plain = view.Summary(0, 0, {}, {}, 0, 0, 1.0, [], [])
+    assert not [text for text in view.summary_lines(plain) if "DRA devices" in text]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -561,6 +562,10 @@ def demo_command(
     ),
 ) -> None:
     """Run the operator on a simulated cluster with mock GPUs and show it converge."""
+    # gRPC's core logs connection teardown (GOAWAY) at info level when the demo stops its
+    # simulated kubelets and plugins; those lines are noise in the demo's output. Read when gRPC
+    # first starts, so set before the demo creates any channel; an explicit setting wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     # Imported here: the demo loads the simulated cluster, which no other command needs.
     from gpudemo import fleet as fleet_mod
     from gpudemo import programs, session
