@@ -6,16 +6,23 @@ Two measurements, figures only (nothing is asserted):
   300 s, validator 60 s per node): rollout time against the ideal
   `ceil(N / maxParallelUpgrades) x per-node time`, and the planner's own CPU time. This is how
   long a real fleet would take with those per-node times.
-* **kubesim**: the upgrade reconciler (on the shared runtime, in this process) rolls a driver
-  DaemonSet image change through N kubesim nodes, each running one GPU pod, whose driver pod
-  becomes ready `--driver-seconds` after it starts. Wall time against the ideal, API requests per
-  upgraded node (everything the operator sent: node patches, evictions, pod deletes, events,
-  lists and watches), and stranded cordons (nodes left unschedulable, or still carrying our
-  cordon in their ledger) at the end. The whole clock is this process's: kubesim, its kubelet
-  and the operator share one event loop, so the wall time includes the simulator's own work.
+* **kubesim**: the operator as in a cluster, its own process (`gpu-operator controller`, every
+  reconciler, started as bench/operator_scale.py starts it), installs a ClusterPolicy on N kubesim
+  GPU nodes, each then running one GPU pod; the admin's edit of `spec.driver.version` then rolls
+  the new driver through them, each driver pod ready `--driver-seconds` after it starts. Wall
+  time against the ideal, API requests per upgraded node (everything the operator sent: node
+  patches, evictions, pod deletes, Events, its status writes and Lease renewals), the CPU of
+  both processes, and stranded cordons (nodes left unschedulable, or still carrying our cordon
+  in their ledger) at the end. The phase breakdown comes from kubesim's side (the store's
+  committed node label and pod changes: no request, nothing the operator sees). kubesim (API
+  server, controllers, kubelets) is this process: `--sample-kubesim FILE` samples where its CPU
+  goes through the rollout. Much of it is the workload's simulation: each evicted GPU pod's
+  replacement waits Pending for a free GPU (kubesim's scheduler retries it with backoff, moved
+  back only by node or pod changes that can fit it, as kube-scheduler's queueing hints do; its
+  ReplicaSet controller counts pods from an index, not a scan).
 
 Run: .venv/bin/python bench/upgrade_bench.py [--nodes 1000] [--parallel 1 10 100]
-         [--kubesim-parallel 10 100] [--driver-seconds 0.5]
+         [--kubesim-parallel 10 100] [--driver-seconds 0.5] [--sample-kubesim FILE]
 (kubesim at maxParallelUpgrades 1 means 1,000 sequential node upgrades: add it with
 `--kubesim-parallel 1 10 100` when you have the time.)
 """
@@ -24,21 +31,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import kubesim
-from gpu_operator.api import crds
+from gpu_operator.api import crds, keys
 from gpu_operator.cli import render as render_mod
 from gpu_operator.cli import upgrade_plan
-from gpu_operator.controller import runtime
-from gpu_operator.controller import upgrade as upgrade_controller
-from gpu_operator.kube import client as kube_client
 from gpu_operator.nodes import ledger
 from gpu_operator.upgrade import simulate, states
 from kubesim import PodContext
@@ -46,10 +52,15 @@ from kubesim.controllers.kubelet import KubeletConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import history  # bench/history.py, next to this script: runs append their figures there
+import operator_scale  # bench/operator_scale.py: the operator as its own process
+from sampler import Sampler  # bench/sampler.py
 
 NAMESPACE = "gpu-operator"
 TIMING = simulate.Timing(eviction=30.0, driver_start=300.0, validation=60.0)
 DRIVER_CTR = "nvidia-driver-ctr"
+DRIVER_IMAGE = "nvcr.io/nvidia/driver"
+OLD_VERSION = "580.95.05"
+NEW_VERSION = "580.105.08"
 
 
 # ----- modelled ---------------------------------------------------------------------------------
@@ -122,6 +133,10 @@ class Timeline:
 
     def close(self) -> None:
         self._unsubscribe()
+
+    def done(self) -> int:
+        """How many nodes reached upgrade-done since `begin`."""
+        return sum(1 for marks in self.marks.values() if "done" in marks)
 
     def _mark(self, node: str, milestone: str) -> None:
         self.marks.setdefault(node, {}).setdefault(milestone, time.monotonic() - self.origin)
@@ -235,13 +250,13 @@ def _policy(parallel: int) -> dict[str, Any]:
             "toolkit": {},
             "devicePlugin": {},
             "dcgmExporter": {},
-            "dcgm": {},
+            "dcgm": {"enabled": False},
             "nodeStatusExporter": {},
             "gfd": {},
             "driver": {
                 "repository": "nvcr.io/nvidia",
                 "image": "driver",
-                "version": "580.95.05",
+                "version": OLD_VERSION,
                 "upgradePolicy": {
                     "autoUpgrade": True,
                     "maxParallelUpgrades": parallel,
@@ -252,43 +267,14 @@ def _policy(parallel: int) -> dict[str, Any]:
     }
 
 
-def _daemonset(name: str, app: str, owner_uid: str, image: str, selector: dict[str, str]) -> Any:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": {"app": app},
-            "ownerReferences": [
-                {
-                    "apiVersion": "nvidia.com/v1",
-                    "kind": "ClusterPolicy",
-                    "name": "cluster-policy",
-                    "uid": owner_uid,
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {
-            "selector": {"matchLabels": {"app": app}},
-            "updateStrategy": {"type": "OnDelete"},
-            "template": {
-                "metadata": {"labels": {"app": app}},
-                "spec": {
-                    "nodeSelector": selector,
-                    "containers": [
-                        {"name": DRIVER_CTR if app == states.DRIVER_APP else "main", "image": image}
-                    ],
-                },
-            },
-        },
-    }
-
-
-async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[str, Any]:
+async def on_kubesim(
+    nodes: int, parallel: int, driver_seconds: float, sample: Path | None = None
+) -> dict[str, Any]:
     config = KubeletConfig(instant=True, lease_interval=None)
-    async with kubesim.Cluster(kubelet=config, node_filesystems=False) as sim:
+    # The operand images are made up (registry.local, see operator_scale.start_operator).
+    async with kubesim.Cluster(
+        kubelet=config, node_filesystems=False, images=operator_scale.FAKE_REGISTRY
+    ) as sim:
 
         async def driver(ctx: PodContext) -> None:
             # The driver's build and load: ready a fixed time after it starts.
@@ -297,139 +283,166 @@ async def on_kubesim(nodes: int, parallel: int, driver_seconds: float) -> dict[s
             await ctx.stopping.wait()
 
         sim.register_pod_runner(
-            driver, label_selector=f"app={states.DRIVER_APP}", reports_readiness=True
+            driver,
+            label_selector=f"app={states.DRIVER_APP}",
+            container=DRIVER_CTR,
+            reports_readiness=True,
         )
         store = sim.store
         store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
         for crd in crds.all_crds().values():
             store.create(crd)
-        gpu = "nvidia.com/gpu"
-        for i in range(nodes):
-            sim.add_node(
-                f"gpu-{i:04d}", labels={states.DRIVER_DEPLOY_LABEL: "true"}, capacity={gpu: "1"}
-            )
-        cp = store.create(_policy(parallel))
-        uid = cp["metadata"]["uid"]
-        deploy = {states.DRIVER_DEPLOY_LABEL: "true"}
-        store.create(
-            _daemonset(
-                "nvidia-driver-daemonset",
-                states.DRIVER_APP,
-                uid,
-                "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04",
-                deploy,
-            )
-        )
-        store.create(
-            _daemonset(
-                states.VALIDATOR_APP,
-                states.VALIDATOR_APP,
-                uid,
-                "nvcr.io/nvidia/gpu-operator:v26.7.0",
-                deploy,
-            )
-        )
-        store.create(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "train", "namespace": "ml"},
-                "spec": {
-                    "replicas": nodes,
-                    "selector": {"matchLabels": {"app": "train"}},
-                    "template": {
-                        "metadata": {"labels": {"app": "train"}},
-                        "spec": {
-                            "containers": [
-                                {
-                                    "name": "main",
-                                    "image": "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04",
-                                    "resources": {"limits": {gpu: "1"}},
-                                }
-                            ]
-                        },
-                    },
-                },
-            }
-        )
-        client = kube_client.connect(str(sim.kubeconfig_path), timeout=60)
-        rt = runtime.Runtime(client, runtime.Settings(namespace=NAMESPACE))
-        reconciler = upgrade_controller.UpgradeReconciler(rt)
-        rt.register(reconciler)
-        task = asyncio.create_task(rt.run())
+        names = [f"gpu-{i:04d}" for i in range(nodes)]
+        for name in names:
+            sim.add_node(name, labels=dict(operator_scale.GPU_LABELS))
+        # The operator as in a cluster: its own process, every reconciler, the chart's flags.
+        operator = operator_scale.start_operator(sim)
         timeline = Timeline(store)
-
-        def all_done(image: str) -> bool:
-            listed = store.list("nodes")
-            if any(
-                (n["metadata"].get("labels") or {}).get(states.STATE_LABEL) != states.UPGRADE_DONE
-                for n in listed
-            ):
-                return False
-            pods = store.list("pods", NAMESPACE, label_selector=f"app={states.DRIVER_APP}")
-            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-            return len(live) == nodes and all(
-                p["spec"]["containers"][0]["image"] == image for p in live
-            )
-
-        async def wait_until(done: Any, timeout: float) -> None:
-            # Polled: re-checking on every store change would cost more than what is measured.
-            deadline = time.monotonic() + timeout
-            while not done():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the rollout did not finish")
-                await asyncio.sleep(0.25)
-
+        sampler = Sampler() if sample is not None else None
         try:
-            old = "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"
-            await wait_until(lambda: all_done(old), 600)
+            store.create(_policy(parallel))
+            # The GPUs appear once the operator's device plugin is deployed (capacity before
+            # that would be another device plugin's, and the operator would stay off the node).
+            plugin = keys.DEPLOY_PREFIX + "device-plugin"
+
+            def deployed() -> bool:
+                return all(
+                    (n["metadata"].get("labels") or {}).get(plugin) == "true"
+                    for n in store.list("nodes")
+                )
+
+            await _wait_until(deployed, 600)
+            gpu = {"nvidia.com/gpu": "1"}
+            for name in names:
+                store.patch(
+                    "nodes", name, {"status": {"capacity": gpu, "allocatable": gpu}}, status=True
+                )
+            await sim.wait_for(lambda: operator_scale.state(sim) == "ready", 600, "ready")
+            store.create(_workload(nodes))
+            old = f"{DRIVER_IMAGE}:{OLD_VERSION}"
+            await _wait_until(lambda: _all_done(store, nodes, old, with_workload=True), 600)
             await sim.settle()
+            await operator_scale.operator_quiet(operator.pid)
             before = sim.stats.snapshot()
-            passes = reconciler.passes
-            planning = reconciler.planning_seconds
-            new = "nvcr.io/nvidia/driver:580.105.08-ubuntu22.04"
+            cpu = operator_scale.cpu_seconds()
+            operator_cpu = operator_scale.cpu_seconds(operator.pid)
             started = time.monotonic()
             timeline.begin()
-            change = {"containers": [{"name": DRIVER_CTR, "image": new}]}
-            patch = {"spec": {"template": {"spec": change}}}
-            store.patch("daemonsets.apps", "nvidia-driver-daemonset", patch, NAMESPACE)
-            await wait_until(lambda: all_done(new), 7200)
+            if sampler is not None:
+                sampler.start()
+            # The admin's edit: a new driver version in the ClusterPolicy.
+            store.patch(
+                "clusterpolicies.nvidia.com",
+                "cluster-policy",
+                {"spec": {"driver": {"version": NEW_VERSION}}},
+            )
+            new = f"{DRIVER_IMAGE}:{NEW_VERSION}"
+            # Polled from the timeline (listing the fleet every 0.25 s cost a fifth of
+            # kubesim's CPU), then checked on the store once.
+            await _wait_until(
+                lambda: timeline.done() >= nodes and _all_done(store, nodes, new), 7200
+            )
             wall = time.monotonic() - started
+            if sampler is not None and sample is not None:
+                sampler.stop()
+                sample.write_text(sampler.report(40, root=f"{operator_scale.ROOT}/") + "\n")
+            kubesim_cpu = operator_scale.cpu_seconds() - cpu
+            operator_cpu = operator_scale.cpu_seconds(operator.pid) - operator_cpu
             requests = sim.stats.since(before)
         finally:
+            if sampler is not None:
+                sampler.stop()  # idempotent; its timer signal would kill an unwinding run
             timeline.close()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await client.close()
+            operator.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                operator.wait(10)
         stranded = [
             n["metadata"]["name"]
             for n in store.list("nodes")
             if (n.get("spec") or {}).get("unschedulable")
             or ledger.CORDON in ledger.read(n["metadata"].get("annotations") or {})
         ]
-        total = sum(requests.values())
-        by_kind: dict[str, int] = {}
-        for (verb, resource), count in requests.items():
-            key = f"{verb} {resource}"
-            by_kind[key] = by_kind.get(key, 0) + count
-        ideal = math.ceil(nodes / parallel) * driver_seconds
-        return {
-            "parallel": parallel,
-            "wall_s": wall,
-            "ideal_s": ideal,
-            "ratio": wall / ideal,
-            "overhead_per_batch_s": (wall - ideal) / math.ceil(nodes / parallel),
-            "requests_per_node": total / nodes,
-            "requests": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-            "planner_passes": reconciler.passes - passes,
-            "planning_ms_per_pass": 1000
-            * (reconciler.planning_seconds - planning)
-            / max(1, reconciler.passes - passes),
-            "stranded_cordons": len(stranded),
-            "breakdown": timeline.breakdown(math.ceil(nodes / parallel)),
-            "validator_pods_per_node": timeline.validator_restarts / nodes,
-        }
+    total = sum(requests.values())
+    by_kind: dict[str, int] = {}
+    for (verb, resource), count in requests.items():
+        key = f"{verb} {resource}"
+        by_kind[key] = by_kind.get(key, 0) + count
+    ideal = math.ceil(nodes / parallel) * driver_seconds
+    return {
+        "parallel": parallel,
+        "wall_s": wall,
+        "ideal_s": ideal,
+        "ratio": wall / ideal,
+        "overhead_per_batch_s": (wall - ideal) / math.ceil(nodes / parallel),
+        "requests_per_node": total / nodes,
+        "requests": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        "operator_cpu_s": operator_cpu,
+        "kubesim_cpu_s": kubesim_cpu,
+        "stranded_cordons": len(stranded),
+        "breakdown": timeline.breakdown(math.ceil(nodes / parallel)),
+        "validator_pods_per_node": timeline.validator_restarts / nodes,
+    }
+
+
+def _workload(nodes: int) -> dict[str, Any]:
+    """One GPU pod per node (what the upgrade drains). An evicted pod's replacement waits
+    Pending for a free GPU until its node is uncordoned (see the docstring)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {
+            "replicas": nodes,
+            "selector": {"matchLabels": {"app": "train"}},
+            "template": {
+                "metadata": {"labels": {"app": "train"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ]
+                },
+            },
+        },
+    }
+
+
+def _all_done(store: Any, nodes: int, image: str, *, with_workload: bool = False) -> bool:
+    """Every node upgrade-done and running a live driver pod of `image` (and, with
+    `with_workload`, its GPU pod running)."""
+    listed = store.list("nodes")
+    if any(
+        (n["metadata"].get("labels") or {}).get(states.STATE_LABEL) != states.UPGRADE_DONE
+        for n in listed
+    ):
+        return False
+    pods = store.list("pods", NAMESPACE, label_selector=f"app={states.DRIVER_APP}")
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    if len(live) != nodes or not all(
+        c["image"].startswith(image)
+        for p in live
+        for c in p["spec"]["containers"]
+        if c["name"] == DRIVER_CTR
+    ):
+        return False
+    if with_workload:
+        train = store.list("pods", "ml", label_selector="app=train")
+        running = [p for p in train if (p.get("status") or {}).get("phase") == "Running"]
+        return len(running) == nodes
+    return True
+
+
+async def _wait_until(done: Any, timeout: float) -> None:
+    # Polled: re-checking on every store change would cost more than what is measured.
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the rollout did not finish")
+        await asyncio.sleep(0.25)
 
 
 def main() -> None:
@@ -439,6 +452,13 @@ def main() -> None:
     parser.add_argument("--kubesim-parallel", type=int, nargs="*", default=[10, 100])
     parser.add_argument("--driver-seconds", type=float, default=0.5)
     parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    parser.add_argument(
+        "--sample-kubesim",
+        type=Path,
+        metavar="FILE",
+        help="sample this process (kubesim: API server, controllers, kubelets) through the "
+        "rollout and write its top functions to FILE (FILE.<parallel> with several)",
+    )
     args = parser.parse_args()
     results: dict[str, list[dict[str, Any]]] = {"modelled": [], "kubesim": []}
     for parallel in args.parallel:
@@ -459,14 +479,17 @@ def main() -> None:
                 flush=True,
             )
     for parallel in args.kubesim_parallel:
-        row = asyncio.run(on_kubesim(args.nodes, parallel, args.driver_seconds))
+        sample = args.sample_kubesim
+        if sample is not None and len(args.kubesim_parallel) > 1:
+            sample = sample.with_name(f"{sample.name}.{parallel}")
+        row = asyncio.run(on_kubesim(args.nodes, parallel, args.driver_seconds, sample))
         results["kubesim"].append(row)
         figures = {
             "wall_s": row["wall_s"],
             "ratio": row["ratio"],
             "requests_per_node": row["requests_per_node"],
-            "planner_passes": row["planner_passes"],
-            "planning_ms_per_pass": row["planning_ms_per_pass"],
+            "operator_cpu_s": row["operator_cpu_s"],
+            "kubesim_cpu_s": row["kubesim_cpu_s"],
             "stranded_cordons": row["stranded_cordons"],
         }
         figures.update({f"phase_s {p['phase']}": p["mean_s"] for p in row["breakdown"]})
@@ -479,8 +502,8 @@ def main() -> None:
                 f"{row['wall_s']:7.1f} s vs ideal {row['ideal_s']:7.1f} s (x{row['ratio']:.2f}, "
                 f"{row['overhead_per_batch_s']:.2f} s overhead per batch); "
                 f"{row['requests_per_node']:.1f} API requests per upgraded node ({top}); "
-                f"{row['planner_passes']} passes at {row['planning_ms_per_pass']:.0f} ms "
-                f"(snapshot and plan); stranded cordons: {row['stranded_cordons']}",
+                f"CPU: operator {row['operator_cpu_s']:.1f} s, kubesim "
+                f"{row['kubesim_cpu_s']:.1f} s; stranded cordons: {row['stranded_cordons']}",
                 flush=True,
             )
             print(

@@ -9,19 +9,29 @@ JSON items are the stored bytes, joined; protobuf items and Table rows are encod
 stored version and kept with it (an object listed again, unchanged, costs nothing). A `Prewarmer`
 encodes the changed objects of kinds recently listed as protobuf or Table in the event loop's
 idle time, so such a list finds them encoded even right after a fleet-wide change.
+
+A whole list (no limit, no continue) keeps its items' joined bytes per form: listed again with
+exactly the same stored versions, it is served from them (only the list's metadata is new).
+While a list is in flight (`IN_FLIGHT`), the Prewarmer waits and the cyclic collector's
+automatic passes are held, so neither lands inside a list.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import itertools
 import json
+import operator
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
+
+from aiohttp import payload, web
 
 from kubesim import selectors, tables
 from kubesim.columns import Column
@@ -37,16 +47,113 @@ PARTS_KEPT = 10_000
 _PARTS: dict[tuple[str, int, bytes], bytes] = {}
 # Items a list had to encode itself (not found encoded with their stored version), and items
 # the Prewarmer encoded ahead of a list.
-STATS = {"proto_on_demand": 0, "row_on_demand": 0, "proto_prewarmed": 0, "row_prewarmed": 0}
+STATS = {
+    "proto_on_demand": 0,
+    "row_on_demand": 0,
+    "proto_prewarmed": 0,
+    "row_prewarmed": 0,
+    "selection_hits": 0,
+}
+# Whole lists' joined item bytes, by (form, kind, version, namespace, selectors): the stored
+# versions they were built from and the bytes. Used only when the same versions come again.
+SELECTIONS_KEPT = 16
+_SELECTIONS: OrderedDict[tuple[str, ...], tuple[list[Stored], bytes]] = OrderedDict()
+
+
+class InFlight:
+    """The lists being served in this process, from the handler's start until the response
+    is handed to the transport.
+
+    While any is in flight the Prewarmer waits (`wait_idle`) and the cyclic collector's
+    automatic passes are held (`gc.disable`), at most `HOLD_SECONDS` at a time. After the last
+    list the collector is given back at once, unless a pass is due (its young generation past
+    the threshold): then it is given back `RELEASE_DELAY` later, once the response is on its
+    way (by a timer thread), with that pass run in the gap between lists instead of inside the
+    next one; a young generation more than `DUE_FRACTION` full is collected then too. The
+    process's collector is shared, so this is one object for all the API servers of a process."""
+
+    HOLD_SECONDS = 1.0
+    RELEASE_DELAY = 0.02
+    DUE_FRACTION = 0.25
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._held_since: float | None = None
+
+    @property
+    def holding(self) -> bool:
+        """Whether the collector's automatic passes are held now."""
+        return self._held_since is not None
+
+    def begin(self) -> None:
+        """A list starts."""
+        self.count += 1
+        now = time.monotonic()
+        if self._held_since is not None and now - self._held_since > self.HOLD_SECONDS:
+            self.release()  # lists back to back (or a lost release) for too long
+        elif self._held_since is None and self.count == 1 and gc.isenabled():
+            gc.disable()
+            self._held_since = now
+
+    def end(self) -> None:
+        """A list's response is built: give the collector back after the last one."""
+        self.count -= 1
+        if self.count or self._held_since is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.release()
+            return
+        threshold, young = gc.get_threshold()[0], gc.get_count()[0]
+        if threshold and young > threshold:
+            # A pass would start on the next allocation, inside this response's writing. A
+            # timer thread, not the loop, gives it back: a loop may end before its timers run.
+            timer = threading.Timer(self.RELEASE_DELAY, self._release_if_idle)
+            timer.daemon = True
+            timer.start()
+            return
+        self.release()
+        if threshold and young >= threshold * self.DUE_FRACTION:
+            loop.call_later(self.RELEASE_DELAY, self._collect_if_idle)
+
+    def _release_if_idle(self) -> None:
+        if not self.count:
+            self.release()
+            self._collect_if_idle()
+
+    def _collect_if_idle(self) -> None:
+        threshold, count = gc.get_threshold(), gc.get_count()
+        if not self.count and gc.isenabled() and count[0] >= threshold[0] * self.DUE_FRACTION:
+            gc.collect(1 if count[1] >= threshold[1] else 0)
+
+    def release(self) -> None:
+        """Give the collector back (idempotent)."""
+        if self._held_since is None:
+            return
+        self._held_since = None
+        gc.enable()
+
+    async def wait_idle(self, cap: float = 0.25) -> None:
+        """Wait (at most `cap` seconds) until no list is in flight; background work calls it
+        between its slices so that lists come first."""
+        deadline = time.monotonic() + cap
+        while self.count and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+
+
+IN_FLIGHT = InFlight()
 
 
 class Slicer:
-    """Yields to the event loop once a slice's CPU budget is spent."""
+    """Yields to the event loop once a slice's CPU budget is spent; a `background` slicer
+    (the Prewarmer's) then also waits until no list is in flight."""
 
-    __slots__ = ("_budget", "_deadline", "yields")
+    __slots__ = ("_background", "_budget", "_deadline", "yields")
 
-    def __init__(self, budget: float = SLICE_SECONDS) -> None:
+    def __init__(self, budget: float = SLICE_SECONDS, *, background: bool = False) -> None:
         self._budget = budget
+        self._background = background
         self._deadline = time.perf_counter() + budget
         self.yields = 0
 
@@ -54,8 +161,60 @@ class Slicer:
         """Call between items: yields when the slice is used up."""
         if time.perf_counter() >= self._deadline:
             await asyncio.sleep(0)
+            if self._background:
+                await IN_FLIGHT.wait_idle()
             self.yields += 1
             self._deadline = time.perf_counter() + self._budget
+
+
+async def _joined(
+    key: tuple[str, ...] | None,
+    items: list[Stored],
+    part: Callable[[Stored], tuple[bytes, bool]],
+    separator: bytes,
+    slicer: Slicer,
+) -> bytes:
+    """The items' bytes joined: `part` gives an item's bytes and whether it had to encode them
+    (then the slicer ticks). With a `key`, the result is kept and served again while the list
+    holds exactly the same stored versions (a changed object is a new version: never stale)."""
+    if key is not None:
+        kept = _SELECTIONS.get(key)
+        if (
+            kept is not None
+            and len(kept[0]) == len(items)
+            and all(map(operator.is_, kept[0], items))
+        ):
+            _SELECTIONS.move_to_end(key)
+            STATS["selection_hits"] += 1
+            return kept[1]
+    parts: list[bytes] = []
+    for stored in items:
+        encoded, fresh = part(stored)
+        parts.append(encoded)
+        if fresh:
+            await slicer.tick()
+    joined = separator.join(parts)
+    if key is not None:
+        _SELECTIONS[key] = (items, joined)
+        _SELECTIONS.move_to_end(key)
+        while len(_SELECTIONS) > SELECTIONS_KEPT:
+            _SELECTIONS.popitem(last=False)
+    return joined
+
+
+def selection_key(
+    rt: ResourceType, namespace: str | None, query: Mapping[str, str]
+) -> tuple[str, ...] | None:
+    """What identifies a whole list's selection (None for a page of a chunked list)."""
+    if query.get("limit", "0") not in ("", "0") or query.get("continue"):
+        return None
+    return (
+        rt.api_version,
+        rt.plural,
+        namespace or "",
+        query.get("labelSelector") or "",
+        query.get("fieldSelector") or "",
+    )
 
 
 def list_meta(page: Page) -> dict[str, Any]:
@@ -75,8 +234,43 @@ def reversioned(rt: ResourceType, stored: Stored) -> bytes:
     return dumps(obj)
 
 
-async def json_body(rt: ResourceType, page: Page, slicer: Slicer | None = None) -> bytes:
-    """The list as JSON: the stored bytes of each item, joined."""
+class ListBody(payload.BytesPayload):
+    """A list's bytes, written to the connection `CHUNK` bytes at a time, each after the
+    previous one drained.
+
+    Handed to the transport in one write, a body of megabytes cost the loop one long step
+    (10-20 ms for 8 MB on Python 3.11, whose socket transport keeps unsent bytes in one buffer
+    and moves them down after every send) and the whole body's copy in memory; in chunks, the
+    loop serves other requests while the client reads."""
+
+    CHUNK = 256 * 1024
+
+    async def write(self, writer: Any) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        view = memoryview(self._value)
+        if content_length is not None:
+            view = view[:content_length]
+        for start in range(0, len(view), self.CHUNK):
+            # The writer drains (waits for the client) once its buffer holds 64 KiB.
+            await writer.write(view[start : start + self.CHUNK])
+
+
+def response(body: bytes, content_type: str) -> web.Response:
+    """A list's response: a body over one `ListBody.CHUNK` goes out in chunks."""
+    if len(body) <= ListBody.CHUNK:
+        return web.Response(body=body, content_type=content_type)
+    return web.Response(body=ListBody(body, content_type=content_type))
+
+
+async def json_body(
+    rt: ResourceType,
+    page: Page,
+    slicer: Slicer | None = None,
+    selection: tuple[str, ...] | None = None,
+) -> bytes:
+    """The list as JSON: the stored bytes of each item, joined (kept by `selection`)."""
     slicer = slicer or Slicer()
     head = (
         b'{"kind":"'
@@ -87,14 +281,14 @@ async def json_body(rt: ResourceType, page: Page, slicer: Slicer | None = None) 
         + dumps(list_meta(page))
         + b',"items":['
     )
-    parts: list[bytes] = []
-    for stored in page.items:
+
+    def part(stored: Stored) -> tuple[bytes, bool]:
         if stored.obj.get("apiVersion") == rt.api_version:
-            parts.append(stored.raw)
-        else:
-            parts.append(reversioned(rt, stored))
-            await slicer.tick()
-    return head + b",".join(parts) + b"]}"
+            return stored.raw, False
+        return reversioned(rt, stored), True
+
+    key = None if selection is None else ("json", *selection)
+    return b"".join((head, await _joined(key, page.items, part, b",", slicer), b"]}"))
 
 
 def protobuf_possible(rt: ResourceType) -> bool:
@@ -102,9 +296,15 @@ def protobuf_possible(rt: ResourceType) -> bool:
     return codec.default().has_kind(rt.api_version, rt.list_kind)
 
 
-async def protobuf_body(rt: ResourceType, page: Page, slicer: Slicer | None = None) -> bytes:
-    """The list as enveloped protobuf; each item's message is encoded once per stored version.
-    Raises codec.ProtobufError when an item cannot be encoded."""
+async def protobuf_body(
+    rt: ResourceType,
+    page: Page,
+    slicer: Slicer | None = None,
+    selection: tuple[str, ...] | None = None,
+) -> bytes:
+    """The list as enveloped protobuf; each item's message is encoded once per stored version
+    (the framed items kept by `selection`). Raises codec.ProtobufError when an item cannot be
+    encoded."""
     slicer = slicer or Slicer()
     proto = codec.default()
     message = proto.schemas.kind(rt.api_version, rt.list_kind)
@@ -124,18 +324,20 @@ async def protobuf_body(rt: ResourceType, page: Page, slicer: Slicer | None = No
     if element is None or not element.message:
         raise codec.ProtobufError(f"{rt.list_kind}.items is not a list of objects")
     item_message = proto.schemas.message(element.message)
-    number = items_field.number
-    out = bytearray(proto.encode_message(message, {"metadata": list_meta(page)}, rt.list_kind))
-    for stored in page.items:
+    field_key = wire.key(items_field.number, wire.LENGTH_DELIMITED)
+
+    def part(stored: Stored) -> tuple[bytes, bool]:
         cached = stored.proto
         if cached is not None and cached[0] == item_message.name:
-            encoded = cached[1]
-        else:
-            encoded = item_proto(proto, item_message, stored, rt.kind)
-            STATS["proto_on_demand"] += 1
-            await slicer.tick()
-        out += wire.bytes_field(number, encoded)
-    return codec.wrap(rt.api_version, rt.list_kind, bytes(out))
+            return field_key + wire.encode_varint(len(cached[1])) + cached[1], False
+        encoded = item_proto(proto, item_message, stored, rt.kind)
+        STATS["proto_on_demand"] += 1
+        return field_key + wire.encode_varint(len(encoded)) + encoded, True
+
+    key = None if selection is None else ("protobuf", item_message.name, *selection)
+    head = proto.encode_message(message, {"metadata": list_meta(page)}, rt.list_kind)
+    items = await _joined(key, page.items, part, b"", slicer)
+    return codec.wrap_parts(rt.api_version, rt.list_kind, [head, items])
 
 
 def list_item_message(rt: ResourceType) -> Message | None:
@@ -235,10 +437,14 @@ def item_row(columns: list[Column], form: tuple[str, ...], stored: Stored) -> by
 
 
 async def table_body(
-    rt: ResourceType, page: Page, query: Mapping[str, str], slicer: Slicer | None = None
+    rt: ResourceType,
+    page: Page,
+    query: Mapping[str, str],
+    slicer: Slicer | None = None,
+    selection: tuple[str, ...] | None = None,
 ) -> bytes:
     """The list as a meta.k8s.io/v1 Table (what `kubectl get` asks for), rows built in slices
-    or found kept with their stored versions."""
+    or found kept with their stored versions (the joined rows kept by `selection`)."""
     slicer = slicer or Slicer()
     result = tables.table(rt, [], page.rv, query, page.token)
     if page.token and page.remaining is not None:
@@ -253,16 +459,17 @@ async def table_body(
             await slicer.tick()
         return dumps(result)
     columns = tables.columns_for(rt)
-    parts: list[bytes] = []
-    for stored in page.items:
+
+    def part(stored: Stored) -> tuple[bytes, bool]:
         cached = stored.row
         if cached is not None and cached[0] == form:
-            parts.append(cached[1])
-        else:
-            parts.append(item_row(columns, form, stored))
-            STATS["row_on_demand"] += 1
-            await slicer.tick()
-    return head[:-2] + b",".join(parts) + b"]}"
+            return cached[1], False
+        STATS["row_on_demand"] += 1
+        return item_row(columns, form, stored), True
+
+    key = None if selection is None else ("table", *form, *selection)
+    joined = await _joined(key, page.items, part, b",", slicer)
+    return b"".join((head[:-2], joined, b"]}"))  # one copy of a big body
 
 
 class Prewarmer:
@@ -327,6 +534,8 @@ class Prewarmer:
         self._queue.clear()
         if self._task is not None:
             self._task.cancel()
+        if not IN_FLIGHT.count:
+            IN_FLIGHT.release()  # its loop may end before the delayed release runs
 
     def _changed(self, event: Event) -> None:
         hot = self._kinds.get(event.key)
@@ -357,7 +566,7 @@ class Prewarmer:
 
     async def _drain(self) -> None:
         proto = codec.default()
-        slicer = Slicer()
+        slicer = Slicer(background=True)
         while self._queue:
             entry, stored = self._queue.popitem(last=False)
             hot = self._kinds.get(entry[0])

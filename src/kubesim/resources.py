@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,9 +69,10 @@ class ResourceType:
         """A declared subresource other than status, by name."""
         return next((s for s in self.extra_subresources if s.name == name), None)
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple[str, str]:
-        """The storage key: (group, plural), shared by every served version."""
+        """The storage key: (group, plural), shared by every served version (computed once:
+        every write reads it several times)."""
         return (self.group, self.plural)
 
     @property

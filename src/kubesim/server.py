@@ -24,6 +24,7 @@ from kubesim import (
     schema,
     selectors,
     tables,
+    turns,
 )
 from kubesim.auth import REVIEW_GROUPS, Auth, loopback
 from kubesim.controllers import disruption
@@ -37,12 +38,21 @@ from kubesim.resources import (
     discovery_resource_list,
 )
 from kubesim.stats import Stats
-from kubesim.store import Store, Stored, dumps, now
+from kubesim.store import Page, Store, Stored, dumps, now
 from kubesim.streaming import api as streaming_api
 from kubesim.validation import field_warnings
 
 log = logging.getLogger("kubesim.server")
 JSON_TYPE = "application/json"
+# Set on a request while it counts in `turns.TURNS.pending`.
+_COUNTED = web.RequestKey("kubesim.turns.counted", bool)
+
+
+def _uncount(request: web.Request) -> None:
+    """The request stops counting as in flight (idempotent)."""
+    if request.get(_COUNTED):
+        request[_COUNTED] = False
+        turns.TURNS.end()
 
 
 @dataclass
@@ -97,6 +107,16 @@ class ApiServer:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Route one request; every failure becomes a Kubernetes Status body."""
+        # Background work waits while requests are in flight (watches and streams leave the
+        # count once they start streaming): kubesim.turns.
+        turns.TURNS.begin()
+        request[_COUNTED] = True
+        try:
+            return await self._handle(request)
+        finally:
+            _uncount(request)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
             self.auth.admit(request)  # 401/403 before routing, as the real filter chain does
             response = await self._route(request)
@@ -303,6 +323,7 @@ class ApiServer:
 
     async def _streaming(self, request: web.Request, target: Target) -> web.StreamResponse:
         """Logs, exec, attach, port-forward, proxy and ephemeral containers (kubesim.streaming)."""
+        _uncount(request)
         assert target.name is not None
         assert target.subresource is not None
         verb = streaming_api.verb_for(request.method)
@@ -558,10 +579,27 @@ class ApiServer:
         page = self.store.list_page(
             rt, target.namespace, labels, fields, limit, query.get("continue")
         )
+        # While it is in flight, background encoding waits and no collector pass runs.
+        list_encoding.IN_FLIGHT.begin()
+        try:
+            return await self._list_body(request, rt, page, labels, target.namespace)
+        finally:
+            list_encoding.IN_FLIGHT.end()
+
+    async def _list_body(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        page: Page,
+        labels: selectors.LabelSelector,
+        namespace: str | None,
+    ) -> web.Response:
+        query = request.query
+        selection = list_encoding.selection_key(rt, namespace, query)
         if _wants_table(request):
-            body = await list_encoding.table_body(rt, page, query)
+            body = await list_encoding.table_body(rt, page, query, selection=selection)
             self.prewarmer.listed(rt, labels, form=list_encoding.table_form(rt, query))
-            return web.Response(body=body, content_type=JSON_TYPE)
+            return list_encoding.response(body, JSON_TYPE)
         accept = request.headers.get("Accept", "")
         if (
             "protobuf" in accept
@@ -570,17 +608,20 @@ class ApiServer:
         ):
             self.prewarmer.listed(rt, labels, proto=list_encoding.list_item_message(rt))
             try:
-                body = await list_encoding.protobuf_body(rt, page)
+                body = await list_encoding.protobuf_body(rt, page, selection=selection)
             except codec.ProtobufError as exc:
                 log.error("cannot encode %s as protobuf: %s", rt.list_kind, exc)
                 raise errors.ApiError(
                     500, f"unable to encode the response as protobuf: {exc}"
                 ) from exc
-            return web.Response(body=body, content_type=codec.MEDIA_TYPE)
-        body = await list_encoding.json_body(rt, page)
-        return web.Response(body=body, content_type=JSON_TYPE)
+            return list_encoding.response(body, codec.MEDIA_TYPE)
+        body = await list_encoding.json_body(rt, page, selection=selection)
+        if "protobuf" in accept:  # negotiation decides on JSON or a 406 from the bytes
+            return web.Response(body=body, content_type=JSON_TYPE)
+        return list_encoding.response(body, JSON_TYPE)
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        _uncount(request)  # a watch streams for minutes: background work must not wait on it
         rt = target.rt
         query = request.query
         labels = selectors.parse_label_selector(query.get("labelSelector"))

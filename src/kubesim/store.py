@@ -37,6 +37,10 @@ NAMESPACE_KEY: Key = ("", "namespaces")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 
+# More than the JSON of everything in a recorder Event but its message (names of at most 253
+# characters, reasons, times, the source): `Store.insert_event` skips the size check below it.
+_EVENT_SLACK = 64 * 1024
+
 _NOW: list[Any] = [0, ""]  # [second, its text]: formatted once per second, not per write
 
 
@@ -186,6 +190,33 @@ class Stored:
         return int(self.obj["metadata"].get("resourceVersion") or 0)
 
 
+class LazyStored(Stored):
+    """A version whose bytes are encoded when something first reads them (a watch, a list, a
+    copy), not at its commit: recorder Events, most writes while a fleet rolls out, which
+    nothing may ever read as bytes. The object is never mutated after its commit, so the bytes
+    are the ones an eager encode would have given."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+        self._raw: bytes | None = None
+        self._depth = None
+        self.proto = None
+        self.row = None
+
+    @property
+    def raw(self) -> bytes:
+        """The object's JSON, encoded on first use."""
+        if self._raw is None:
+            self._raw = dumps(self.obj)
+        return self._raw
+
+    @raw.setter
+    def raw(self, value: bytes) -> None:
+        self._raw = value
+
+
 class Event(NamedTuple):
     """A committed change: ADDED, MODIFIED or DELETED, with the previous version for MODIFIED."""
 
@@ -270,6 +301,10 @@ class Store:
         self.registry = registry or Registry.with_builtins()
         self._data: dict[Key, dict[ObjKey, Stored]] = {}
         self._sorted: dict[Key, list[ObjKey]] = {}
+        # Keys created since their kind's order was sorted, but for those past its end: merged
+        # into it at the next read. Inserting each into the list in place moves, on average,
+        # half of it: about 40 µs per Event once 300,000 are stored and anything listed them.
+        self._unsorted: dict[Key, dict[ObjKey, None]] = {}
         # Label and field indexes of the kinds listed with selectors (kubesim.list_index).
         self._indexes: dict[Key, list_index.KindIndex] = {}
         self._rv = 1
@@ -277,8 +312,12 @@ class Store:
         self._history_limit = history
         self.compacted_rv = 0
         self._watchers: dict[Key, set[Watcher]] = {}
-        self._listeners: list[Listener] = []
+        # Listeners of every kind, each with the kinds it ignores, and listeners of some kinds.
+        self._listeners: list[tuple[Listener, frozenset[Key]]] = []
         self._keyed_listeners: dict[Key, list[Listener]] = {}
+        # Per resource key, the listeners its commits call (built on first use, dropped on any
+        # subscribe or unsubscribe): a commit does one lookup, not a filter over every listener.
+        self._fanout: dict[Key, tuple[Listener, ...]] = {}
         self._dependents: dict[str, set[tuple[Key, str, str]]] = {}
         # Side effects of the real storage layer for some kinds (Service IP and node-port
         # allocation, Job selectors, HPA defaults, pod priority), run on create (old None) and
@@ -306,10 +345,7 @@ class Store:
     def scan(self, key: Key, namespace: str | None = None) -> Iterator[Stored]:
         """Objects under a key in (namespace, name) order."""
         data = self.bucket(key)
-        order = self._sorted.get(key)
-        if order is None:
-            order = self._sorted[key] = sorted(data)
-        for obj_key in order:
+        for obj_key in self._sorted_keys(key):
             if namespace is not None and obj_key[0] != namespace:
                 continue
             stored = data.get(obj_key)
@@ -317,14 +353,26 @@ class Store:
                 yield stored
 
     def subscribe(
-        self, listener: Listener, keys: Iterable[Key] | None = None
+        self,
+        listener: Listener,
+        keys: Iterable[Key] | None = None,
+        *,
+        ignore: Iterable[Key] = (),
     ) -> Callable[[], None]:
         """Call `listener` synchronously for every committed event (only those of `keys` when
-        given: most controllers read a few kinds, and Events alone are most writes at scale);
-        returns an unsubscribe."""
+        given: most controllers read a few kinds, and Events alone are most writes at scale;
+        with `keys` None, every kind but those in `ignore`); returns an unsubscribe."""
+        self._fanout.clear()
         if keys is None:
-            self._listeners.append(listener)
-            return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+            entry = (listener, frozenset(ignore))
+            self._listeners.append(entry)
+
+            def unsubscribe_all() -> None:
+                if entry in self._listeners:
+                    self._listeners.remove(entry)
+                    self._fanout.clear()
+
+            return unsubscribe_all
         chosen = tuple(keys)
         for key in chosen:
             self._keyed_listeners.setdefault(key, []).append(listener)
@@ -334,8 +382,19 @@ class Store:
                 listeners = self._keyed_listeners.get(key)
                 if listeners is not None and listener in listeners:
                     listeners.remove(listener)
+            self._fanout.clear()
 
         return unsubscribe
+
+    def _listeners_of(self, key: Key) -> tuple[Listener, ...]:
+        """The listeners a commit under `key` calls: those of every kind first, in order."""
+        found = self._fanout.get(key)
+        if found is None:
+            found = self._fanout[key] = (
+                *(listener for listener, ignored in self._listeners if key not in ignored),
+                *self._keyed_listeners.get(key, ()),
+            )
+        return found
 
     def dependents(self, uid: str) -> list[tuple[Key, str, str]]:
         """Objects whose ownerReferences name `uid`."""
@@ -344,6 +403,8 @@ class Store:
     def _index_owners(
         self, key: Key, obj: dict[str, Any] | None, old: dict[str, Any] | None
     ) -> None:
+        if old is None and obj is not None and not obj["metadata"].get("ownerReferences"):
+            return  # a new object without owners (most creates: every Event)
         entry_new = set()
         entry_old = set()
         if obj is not None:
@@ -365,13 +426,25 @@ class Store:
             self._dependents.setdefault(uid, set()).add(ident)
 
     def commit(
-        self, event_type: str, rt: ResourceType, obj: dict[str, Any], old: Stored | None
+        self,
+        event_type: str,
+        rt: ResourceType,
+        obj: dict[str, Any],
+        old: Stored | None,
+        *,
+        lazy: bool = False,
     ) -> Stored:
-        """Assign the next resourceVersion, store or remove the object, and fan the event out."""
+        """Assign the next resourceVersion, store or remove the object, and fan the event out.
+
+        `lazy`: the caller knows the object is far below the size limit, so its bytes are
+        encoded when first read (`LazyStored`), not now."""
         obj["metadata"]["resourceVersion"] = str(self._rv + 1)
-        stored = Stored(obj)
-        if event_type != "DELETED":
-            request_limits.check_object_size(len(stored.raw))  # before anything changes
+        if lazy:
+            stored: Stored = LazyStored(obj)
+        else:
+            stored = Stored(obj)
+            if event_type != "DELETED":
+                request_limits.check_object_size(len(stored.raw))  # before anything changes
         self._rv += 1
         meta = obj["metadata"]
         obj_key = (meta.get("namespace", ""), meta["name"])
@@ -389,29 +462,37 @@ class Store:
         order = self._sorted.get(rt.key)
         if event_type == "DELETED":
             if data.pop(obj_key, None) is not None and order is not None:
-                at = bisect.bisect_left(order, obj_key)
-                if at < len(order) and order[at] == obj_key:
-                    del order[at]
+                pending = self._unsorted.get(rt.key)
+                if pending and obj_key in pending:
+                    del pending[obj_key]
+                else:
+                    at = bisect.bisect_left(order, obj_key)
+                    if at < len(order) and order[at] == obj_key:
+                        del order[at]
             self._index_owners(rt.key, None, old.obj if old else obj)
         else:
             if obj_key not in data and order is not None:
-                bisect.insort(order, obj_key)  # kept sorted: no full sort on the next list
+                # Kept sorted (no full sort on the next list): appended when it sorts last,
+                # else merged at the next read.
+                if not order or obj_key > order[-1]:
+                    order.append(obj_key)
+                else:
+                    self._unsorted.setdefault(rt.key, {})[obj_key] = None
             data[obj_key] = stored
             self._index_owners(rt.key, obj, old.obj if old else None)
-        event = Event(self._rv, event_type, rt.key, stored, old)
+        key = rt.key
+        event = Event(self._rv, event_type, key, stored, old)
         self._history.append(event)
         if len(self._history) > self._history_limit:
             self.compacted_rv = self._history.popleft().rv
-        for watcher in tuple(self._watchers.get(rt.key, ())):
-            watcher.offer(event)
-        if rt.key == CRD_KEY:
+        watchers = self._watchers.get(key)
+        if watchers:
+            for watcher in tuple(watchers):
+                watcher.offer(event)
+        if key == CRD_KEY:
             self._crd_changed(event)
-        for listener in tuple(self._listeners):
+        for listener in self._listeners_of(key):
             listener(event)
-        keyed = self._keyed_listeners.get(rt.key)
-        if keyed:
-            for listener in tuple(keyed):
-                listener(event)
         return stored
 
     def _crd_changed(self, event: Event) -> None:
@@ -484,6 +565,7 @@ class Store:
         self.close_watches()
         self._data = {key: dict(bucket) for key, bucket in data.items()}
         self._sorted.clear()
+        self._unsorted.clear()
         self._indexes.clear()
         self._dependents = {uid: set(holders) for uid, holders in dependents.items()}
         self._rv = rv
@@ -602,6 +684,29 @@ class Store:
             return Stored(obj)
         return self.commit("ADDED", rt, obj, None)
 
+    def insert_event(self, rt: ResourceType, obj: dict[str, Any]) -> Stored:
+        """Create a core Event an in-process recorder built, named and in decoded form, like one
+        of the same shape that already passed `insert` (kubesim.controllers.events).
+
+        What `insert` does for such an Event, and only that: the namespace must exist and not be
+        terminating (the real server refuses recorder Events there too), the name must be free,
+        then the uid and creation time. Nothing else applies to a core Event: it has no defaults
+        and no schema, and no storage admission hook acts on it (a test checks
+        every installed hook leaves one as it is); the recorders set no field manager.
+        """
+        meta = obj["metadata"]
+        namespace = meta["namespace"]
+        self._require_namespace(rt, namespace)
+        if self.peek(rt.key, namespace, meta["name"]) is not None:
+            raise errors.already_exists(rt.plural, rt.group, meta["name"])
+        meta["uid"] = new_uid()
+        meta["creationTimestamp"] = now()
+        # Only the message of a recorder Event is free text: names, kinds, reasons, the field
+        # path and the times are bounded far below the size limit. When even a message of all
+        # six-byte escapes cannot reach the limit, the bytes wait until something reads them.
+        lazy = 6 * len(obj.get("message") or "") + _EVENT_SLACK <= request_limits.MAX_OBJECT_BYTES
+        return self.commit("ADDED", rt, obj, None, lazy=lazy)
+
     def replace(
         self,
         rt: ResourceType,
@@ -613,8 +718,13 @@ class Store:
         manager: str | None = None,
         dry_run: bool = False,
         keep_managed_fields: bool = False,
+        trusted: bool = False,
     ) -> Stored:
-        """Update an object (PUT semantics; takes ownership of `obj`)."""
+        """Update an object (PUT semantics; takes ownership of `obj`).
+
+        `trusted`: an in-process status write built in decoded form (the kubelet's: no nulls,
+        no unknown fields), so decoding, which would leave it as it is, is skipped.
+        """
         if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
             raise errors.bad_request("the body must be a JSON object with object metadata")
         old = self.peek(rt.key, namespace if rt.namespaced else "", name)
@@ -623,7 +733,8 @@ class Store:
         kind = obj.get("kind")
         if kind and kind != rt.kind:
             raise errors.bad_request(f"the kind {kind!r} does not match the resource {rt.plural!r}")
-        validation.decode(rt, obj, old.obj)
+        if not (trusted and subresource == "status"):
+            validation.decode(rt, obj, old.obj)
         meta = obj.setdefault("metadata", {})
         if meta.get("name", name) != name:
             raise errors.bad_request(
@@ -814,11 +925,23 @@ class Store:
             return Stored(obj), True
         return self.commit("DELETED", rt, obj, old), True
 
-    def _order(self, key: Key, namespace: str | None) -> list[ObjKey]:
-        """The keys of a kind in (namespace, name) order; only one namespace's when given."""
+    def _sorted_keys(self, key: Key) -> list[ObjKey]:
+        """The keys of a kind in (namespace, name) order (callers must not mutate it)."""
         order = self._sorted.get(key)
         if order is None:
+            self._unsorted.pop(key, None)
             order = self._sorted[key] = sorted(self.bucket(key))
+            return order
+        pending = self._unsorted.pop(key, None)
+        if pending:
+            # A new list, sorted as two runs (one merge): a scan still reading the old one
+            # goes on over it.
+            order = self._sorted[key] = sorted([*order, *pending])
+        return order
+
+    def _order(self, key: Key, namespace: str | None) -> list[ObjKey]:
+        """The keys of a kind in (namespace, name) order; only one namespace's when given."""
+        order = self._sorted_keys(key)
         if namespace is None:
             return order
         low = bisect.bisect_left(order, (namespace, ""))

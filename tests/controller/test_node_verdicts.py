@@ -94,11 +94,11 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_status_pass_over_unchanged_nodes_walks_no_chain(walks: list[str]) -> None:
     nodes, pods = fleet(50)
     memo = NodeVerdicts()
-    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    memo.refresh(nodes.values(), pods.values(), VIEW)
     assert len(walks) == 50
     walks.clear()
     for _ in range(3):
-        memo.verdicts(nodes.values(), pods.values(), VIEW)
+        assert memo.worst(nodes.values(), pods.values(), VIEW) is None
     assert walks == []
 
 
@@ -107,7 +107,7 @@ def test_only_the_node_that_changed_or_whose_pods_changed_is_walked_again(
 ) -> None:
     nodes, pods = fleet(20)
     memo = NodeVerdicts()
-    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    memo.refresh(nodes.values(), pods.values(), VIEW)
     walks.clear()
     # The node cache replaces a changed node with a new object.
     nodes["gpu-3"] = gpu_node("gpu-3", **{keys.DEPLOY_DRIVER: "false"})
@@ -116,16 +116,16 @@ def test_only_the_node_that_changed_or_whose_pods_changed_is_walked_again(
     pods[key] = pod("gpu-7", explain.PLUGIN_APP, "container nvidia-device-plugin: CrashLoopBackOff")
     # A pod gone from a third.
     del pods[f"{explain.TOOLKIT_APP}-gpu-11"]
-    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    memo.refresh(nodes.values(), pods.values(), VIEW)
     assert sorted(walks) == ["gpu-11", "gpu-3", "gpu-7"]
 
 
 def test_a_new_policy_view_walks_every_node_again(walks: list[str]) -> None:
     nodes, pods = fleet(10)
     memo = NodeVerdicts()
-    memo.verdicts(nodes.values(), pods.values(), VIEW)
+    memo.refresh(nodes.values(), pods.values(), VIEW)
     walks.clear()
-    memo.verdicts(nodes.values(), pods.values(), explain.PolicyView(driver=False))
+    memo.refresh(nodes.values(), pods.values(), explain.PolicyView(driver=False))
     assert len(walks) == 10
 
 
@@ -211,8 +211,9 @@ def test_a_dra_node_is_judged_on_the_cached_slices(walks: list[str]) -> None:
     assert links["dra-handover"].status == "ok"  # no GPUs left from a device plugin
     walks.clear()
     published["dra-0"] = (_dra_slice("dra-0", 8),)
-    by_node = {v.node: v for v in memo.verdicts(nodes.values(), pods, VIEW, slices)}
+    memo.refresh(nodes.values(), pods, VIEW, slices)
     assert walks == ["dra-0"]
+    by_node = {v.node: v for v in memo.verdicts(nodes.values(), pods, VIEW, slices)}
     assert by_node["dra-0"].usable, by_node["dra-0"].message()
     links = {link.id: link for link in by_node["dra-0"].links}
     assert links["dra-slices"].summary == "8 device(s) published in 1 ResourceSlice(s)"
@@ -221,3 +222,122 @@ def test_a_dra_node_is_judged_on_the_cached_slices(walks: list[str]) -> None:
     verdict = memo.verdicts(nodes.values(), [*pods, broken], VIEW, slices)[1]
     assert verdict.failed is not None
     assert verdict.failed.id == "dra-plugin"
+
+
+class _PodCache:
+    """A pod cache as kube/cache.py's Informer keeps one (a replaced pod keeps its place, a new
+    or re-added one goes last), telling `NodeVerdicts.pods` of every change as its watch does."""
+
+    def __init__(self, memo: NodeVerdicts) -> None:
+        self.objects: dict[str, PodSummary] = {}
+        self.memo = memo
+
+    def set(self, key: str, pod: PodSummary) -> None:
+        old = self.objects.get(key)
+        self.objects[key] = pod
+        self.memo.pods.changed(key, old, pod)
+
+    def delete(self, key: str) -> None:
+        old = self.objects.pop(key, None)
+        if old is not None:
+            self.memo.pods.changed(key, old, None)
+
+
+def test_event_fed_passes_answer_what_a_full_walk_answers_on_random_changes() -> None:
+    """Random pod and node changes (problems come and go, pods are scheduled, deleted, added
+    again; nodes change labels, leave and come back): after each batch the incremental pass,
+    which regroups only the nodes whose pods changed, gives exactly a full walk's verdicts."""
+    import random
+
+    rng = random.Random(32)
+    nodes, start = fleet(30)
+    memo = NodeVerdicts()
+    cache = _PodCache(memo)
+    for key, summary in start.items():
+        cache.set(key, summary)
+    names = list(nodes)
+    problems = [None, "container x in CrashLoopBackOff", "pod Pending", "terminating"]
+    for _ in range(60):
+        for _ in range(rng.randint(1, 8)):
+            roll = rng.random()
+            node = rng.choice(names)
+            app = rng.choice(APPS)
+            key = f"{app}-{node}" if rng.random() < 0.8 else f"{app}-{node}-extra"
+            if roll < 0.45:  # a pod appears or changes (maybe not scheduled yet)
+                where = "" if rng.random() < 0.1 else node
+                summary = pod(where or node, app, rng.choice(problems))._replace(node=where)
+                cache.set(key, summary)
+            elif roll < 0.6 and key in cache.objects:  # scheduled onto its node
+                cache.set(key, cache.objects[key]._replace(node=node))
+            elif roll < 0.75:
+                cache.delete(key)
+            elif roll < 0.85:  # the node object changes
+                labels = {keys.DEPLOY_DRIVER: "false"} if rng.random() < 0.5 else {}
+                nodes[node] = gpu_node(node, **labels)
+            elif roll < 0.92:
+                nodes.pop(node, None)
+            else:
+                nodes[node] = gpu_node(node)
+        got = memo.verdicts(nodes.values(), None, VIEW)
+        assert got == full_walk(nodes, cache.objects, VIEW)
+        assert memo.worst(nodes.values(), None, VIEW) == explain.worst(got)
+        assert not memo.pods.dirty
+
+
+def test_event_fed_pass_walks_only_the_nodes_whose_pods_changed(walks: list[str]) -> None:
+    nodes, start = fleet(20)
+    memo = NodeVerdicts()
+    cache = _PodCache(memo)
+    for key, summary in start.items():
+        cache.set(key, summary)
+    memo.refresh(nodes.values(), None, VIEW)
+    walks.clear()
+    cache.set(f"{explain.PLUGIN_APP}-gpu-7", pod("gpu-7", explain.PLUGIN_APP, "crashing"))
+    cache.delete(f"{explain.TOOLKIT_APP}-gpu-11")
+    # Replaced by an equal summary: grouped again, not walked again.
+    cache.set(f"{explain.DRIVER_APP}-gpu-2", pod("gpu-2", explain.DRIVER_APP))
+    memo.refresh(nodes.values(), None, VIEW)
+    assert sorted(walks) == ["gpu-11", "gpu-7"]
+    walks.clear()
+    memo.refresh(nodes.values(), None, VIEW)
+    assert walks == []
+
+
+def test_the_memo_keeps_no_verdict_per_node_only_the_worst_one(walks: list[str]) -> None:
+    """While a fleet rolls out every node fails: keeping each node's verdict (its links and
+    evidence, about 2 KB) cost 40 MB at 20,000 nodes (issue 32). The memo keeps each node's
+    inputs and rank; the worst node's verdict is walked again once, when the worst changes."""
+    nodes, pods = fleet(30)
+    pods = {k: p for k, p in pods.items() if p.app != explain.VALIDATOR_APP}  # all failing
+    memo = NodeVerdicts()
+    worst = memo.worst(nodes.values(), pods.values(), VIEW)
+    assert len(walks) == 31  # each node once, and the worst once more
+    assert worst == explain.worst(full_walk(nodes, pods, VIEW))
+    kept = [field for entry in memo._memo.values() for field in entry]
+    assert not [f for f in kept if isinstance(f, explain.Verdict)]
+    walks.clear()
+    assert memo.worst(nodes.values(), pods.values(), VIEW) is worst
+    assert walks == []
+    del nodes["gpu-0"]  # the worst (by name) leaves: the next one's verdict is walked
+    worst = memo.worst(nodes.values(), pods.values(), VIEW)
+    assert walks == ["gpu-1"]
+    assert worst == explain.worst(full_walk(nodes, pods, VIEW))
+
+
+def test_the_pod_index_keeps_the_caches_order_of_a_nodes_pods() -> None:
+    """Two pods of one app on a node (an old one terminating beside its replacement): the chain
+    reads them in the cache's order, so the index gives them in that order."""
+    memo = NodeVerdicts()
+    cache = _PodCache(memo)
+    old = pod("gpu-0", explain.DRIVER_APP, "terminating")
+    new = pod("gpu-0", explain.DRIVER_APP)._replace(name="driver-new", node="")
+    cache.set("old", old)
+    cache.set("new", new)
+    cache.set("new", new._replace(node="gpu-0"))  # scheduled: keeps its place after `old`
+    assert [p.name for p in memo.pods.on("gpu-0")] == [old.name, "driver-new"]
+    cache.delete("old")
+    cache.set("old", old)  # added again: last
+    assert [p.name for p in memo.pods.on("gpu-0")] == ["driver-new", old.name]
+    memo.pods.reset(cache.objects)
+    assert [p.name for p in memo.pods.on("gpu-0")] == ["driver-new", old.name]
+    assert len(memo.pods) == 2

@@ -77,13 +77,30 @@ async def test_upgrade_plans_are_spaced_by_their_cost(
         return real(snap, **options)
 
     monkeypatch.setattr(planner, "plan", slow)
+    # Events ask the queue for a pass within a delay (a pending later pass is brought forward):
+    # record the delays asked for.
+    asked: list[float] = []
+    enqueue_within = reconciler.rt.enqueue_within
+
+    def record(key: str, delay: float) -> None:
+        asked.append(delay)
+        enqueue_within(key, delay)
+
+    monkeypatch.setattr(reconciler.rt, "enqueue_within", record)
+
+    def requested_delay() -> float:
+        asked.clear()
+        assert reconciler._always("x", 1, 2) == []
+        assert len(asked) == 1
+        return asked[0]
+
     # A DaemonSet (or policy, revision, budget) event asks for a full pass over the fleet; its
     # cost spaces the next full pass.
-    reconciler._always("x", 1, 2)
+    requested_delay()
     await reconciler.reconcile(upgrade.KEY)
-    after = reconciler._always("x", 1, 2)[0].after
+    after = requested_delay()
     assert upgrade.PASS_SPACING * 0.2 <= after <= upgrade.MAX_SPACING_SECONDS
     monkeypatch.setattr(planner, "plan", real)
     await reconciler.reconcile(upgrade.KEY)
     # A plan of three nodes is cheap again: the spacing comes back down.
-    assert reconciler._always("x", 1, 2)[0].after < upgrade.PASS_SPACING * 0.2
+    assert requested_delay() < upgrade.PASS_SPACING * 0.2

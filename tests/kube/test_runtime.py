@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from lightkube import ApiError
 from waiting import DEADLINE, eventually, within
 
 import kubesim
@@ -134,6 +135,32 @@ async def test_writer_patches_node_labels_and_records_events(sim: kubesim.Cluste
             e for e in events if e["involvedObject"]["name"] == "gpu-1" and e["reason"] == "Test"
         ]
         assert [e["message"] for e in ours] == ["hello"]
+    finally:
+        await client.close()
+
+
+async def test_writer_labels_a_node_as_a_merge_patch_of_its_field_manager(
+    sim: kubesim.Cluster,
+) -> None:
+    """`label_node` (the node labelling reconciler's lean write) sends the same request as
+    `patch_node`: a merge patch owned by the operator's field manager; a refusal is an ApiError
+    with the server's code."""
+    sim.add_node("gpu-1", labels={"keep": "1", "drop": "1"})
+    client = kube_client.connect(str(sim.kubeconfig_path))
+    writer = Writer(client, namespace="default")
+    try:
+        patch = {"metadata": {"labels": {"x": "1", "drop": None}, "annotations": {"a": "b"}}}
+        await writer.label_node("gpu-1", patch)
+        meta = sim.store.get("nodes", "gpu-1")["metadata"]
+        assert meta["labels"]["x"] == "1"
+        assert meta["labels"]["keep"] == "1"
+        assert "drop" not in meta["labels"]
+        assert meta["annotations"]["a"] == "b"
+        managers = {entry["manager"] for entry in meta.get("managedFields") or []}
+        assert kube_client.FIELD_MANAGER in managers
+        with pytest.raises(ApiError) as refused:
+            await writer.label_node("no-such-node", {"metadata": {"labels": {"x": "1"}}})
+        assert refused.value.status.code == 404
     finally:
         await client.close()
 

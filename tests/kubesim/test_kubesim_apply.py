@@ -17,7 +17,7 @@ import ssa_reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubesim_helpers import CM, Api, configmap, daemonset
-from waiting import DEADLINE
+from waiting import DEADLINE, eventually
 
 import kubesim
 from kubesim import errors, ssa, typed
@@ -528,7 +528,15 @@ async def test_applying_the_same_configuration_twice_writes_nothing(
 ) -> None:
     ds = operand(["A"], ["v1"], [{"containerPort": 80}])
     await api.ok("PATCH", f"{DS}/op", ds, ctype=APPLY, params={"fieldManager": "op"})
-    await sim.settle(timeout=DEADLINE)  # the DaemonSet controller has written its status
+
+    def rolled_out() -> bool:
+        status = (sim.store.get("daemonsets.apps", "op", namespace="default") or {}).get("status")
+        return bool(status) and status.get("numberReady") == status.get("desiredNumberScheduled")
+
+    # The DaemonSet controller has written its last status (its pods run and are ready): the
+    # controllers' queues alone may drain while a kubelet still starts a pod.
+    await eventually(rolled_out, "the DaemonSet's pods ready")
+    await sim.settle(timeout=DEADLINE)
     first = await api.ok("GET", f"{DS}/op")
     version = sim.store.resource_version
     again = await api.ok("PATCH", f"{DS}/op", ds, ctype=APPLY, params={"fieldManager": "op"})

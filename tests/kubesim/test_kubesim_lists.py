@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import random
 import time
@@ -271,6 +272,47 @@ async def test_a_big_list_does_not_hold_up_a_small_request(sim: kubesim.Cluster,
     assert max(gaps) < (big_done - sent) / 2, (max(gaps), big_done - sent)
 
 
+async def test_a_big_list_body_goes_out_in_chunks(
+    sim: kubesim.Cluster, api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list body of megabytes is handed to the connection in chunks, each written once the
+    previous one drained (before: in one write, one long loop step copying the whole body), and
+    arrives whole, with its Content-Length, as JSON and as protobuf."""
+    from aiohttp import http_writer
+
+    big = {f"key-{k:02d}": "value " * 8 for k in range(30)}
+    for index in range(400):
+        sim.store.create(labelled(f"chunk-{index:04d}", {"app": "chunk"}, **big))
+    writes: list[int] = []
+    write, write_eof = http_writer.StreamWriter.write, http_writer.StreamWriter.write_eof
+
+    async def spy_write(self: http_writer.StreamWriter, chunk: Any, **kw: Any) -> None:
+        writes.append(len(memoryview(chunk).cast("B")))
+        await write(self, chunk, **kw)
+
+    async def spy_write_eof(self: http_writer.StreamWriter, chunk: Any = b"") -> None:
+        writes.append(len(chunk))
+        await write_eof(self, chunk)
+
+    monkeypatch.setattr(http_writer.StreamWriter, "write", spy_write)
+    monkeypatch.setattr(http_writer.StreamWriter, "write_eof", spy_write_eof)
+    for accept in ("application/json", PROTOBUF):
+        writes.clear()
+        async with api.session.get(
+            CM, headers={"Accept": accept}, params={"labelSelector": "app=chunk"}
+        ) as response:
+            assert response.status == 200, await response.text()
+            body = await response.read()
+            assert int(response.headers["Content-Length"]) == len(body)
+        assert len(body) > 2 * list_encoding.ListBody.CHUNK, (accept, len(body))
+        assert max(writes) <= list_encoding.ListBody.CHUNK, (accept, max(writes))
+        assert sum(writes) >= len(body)
+        if accept == PROTOBUF:
+            assert len(codec.default().decode_object(body)["items"]) == 400
+        else:
+            assert len(json.loads(body)["items"]) == 400
+
+
 async def test_protobuf_list_equals_the_whole_list_encoded_at_once(
     sim: kubesim.Cluster, api: Api
 ) -> None:
@@ -344,6 +386,95 @@ async def test_changed_items_are_encoded_before_the_next_protobuf_and_table_list
     as_json = json.loads(await _read(api, "application/json", params))
     assert got_proto == codec.default().encode_object(as_json)
     assert got_table == dumps(tables.table(rt, page.items, page.rv, {}))
+
+
+async def test_a_whole_list_kept_bytes_never_serve_a_changed_object_stale(
+    sim: kubesim.Cluster, api: Api
+) -> None:
+    """A whole list listed again with the same stored versions is served from its kept bytes,
+    in each form; once an object changes, leaves the selection or is deleted, the next list
+    shows it as it is now, byte for byte what encoding the list afresh gives."""
+    for index in range(20):
+        sim.store.create(labelled(f"k{index:02d}", {"app": "kept"}, v="0"))
+    params = {"labelSelector": "app=kept"}
+    forms = {"json": "application/json", "protobuf": PROTOBUF, "table": TABLE}
+    rt = sim.store.registry.get("", "v1", "configmaps")
+    assert rt is not None
+
+    async def read_all() -> dict[str, bytes]:
+        return {name: await _read(api, accept, params) for name, accept in forms.items()}
+
+    def afresh(got: dict[str, bytes]) -> None:
+        page = sim.store.list_page(
+            rt,
+            None,
+            selectors.parse_label_selector("app=kept"),
+            selectors.parse_field_selector(None),
+        )
+        as_json = json.loads(got["json"])
+        assert as_json["metadata"]["resourceVersion"] == str(page.rv)
+        assert [json.loads(s.raw) for s in page.items] == as_json["items"]
+        assert got["protobuf"] == codec.default().encode_object(as_json)
+        assert got["table"] == dumps(tables.table(rt, page.items, page.rv, {}))
+
+    await read_all()
+    hits = list_encoding.STATS["selection_hits"]
+    afresh(await read_all())
+    assert list_encoding.STATS["selection_hits"] - hits == 3  # each form from its kept bytes
+    sim.store.update(labelled("k03", {"app": "kept"}, v="changed"))
+    got = await read_all()
+    assert json.loads(got["json"])["items"][3]["data"] == {"v": "changed"}
+    assert b"changed" in got["protobuf"]
+    afresh(got)
+    sim.store.update(labelled("k04", {"app": "gone"}, v="0"))
+    sim.store.delete("configmaps", "k05", "default")
+    got = await read_all()
+    names = [i["metadata"]["name"] for i in json.loads(got["json"])["items"]]
+    assert "k04" not in names
+    assert "k05" not in names
+    assert len(names) == 18
+    afresh(got)
+
+
+async def test_a_list_in_flight_holds_the_collector_until_it_is_sent() -> None:
+    """The cyclic collector's automatic passes wait while a list is in flight; after the last
+    one it is given back at once, or, when a pass is due, a moment later with that pass run
+    then; lists back to back for longer than the hold do not keep it away."""
+    in_flight = list_encoding.IN_FLIGHT
+    gc.collect()
+    assert gc.isenabled()
+    assert not in_flight.count
+    in_flight.begin()
+    in_flight.begin()
+    assert not gc.isenabled()
+    in_flight.end()
+    assert not gc.isenabled()  # another list is still in flight
+    in_flight.end()
+    assert gc.isenabled()  # no pass due: given back at once
+
+    in_flight.begin()
+    garbage = [[] for _ in range(2 * gc.get_threshold()[0] + 10)]
+    assert gc.get_count()[0] > gc.get_threshold()[0]
+    in_flight.end()
+    assert not gc.isenabled()  # a pass is due: not inside this response's writing
+
+    async def released() -> None:
+        while not gc.isenabled():
+            await asyncio.sleep(0.005)
+
+    await within(released(), "the collector to be given back")
+    assert gc.get_count()[0] < gc.get_threshold()[0]  # the due pass ran then
+    del garbage
+
+    in_flight.begin()
+    assert not gc.isenabled()
+    in_flight._held_since = time.monotonic() - 2 * in_flight.HOLD_SECONDS
+    in_flight.begin()  # lists back to back for longer than the hold
+    assert gc.isenabled()
+    in_flight.end()
+    in_flight.end()
+    assert gc.isenabled()
+    assert not in_flight.holding
 
 
 async def test_table_rows_kept_per_version_equal_rows_built_afresh(

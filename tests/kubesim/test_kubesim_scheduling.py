@@ -4,6 +4,7 @@ retries when the cluster changes, scoring, and the real kubectl against it."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from waiting import DEADLINE, eventually
 import kubesim
 from kubesim import KubeletConfig, quantity
 from kubesim.controllers import scheduling
-from kubesim.controllers.scheduler import feasible_nodes_to_find
+from kubesim.controllers.scheduler import Scheduler, backoff_seconds, feasible_nodes_to_find
 
 CUDA = "nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04"
 
@@ -573,3 +574,124 @@ async def test_a_label_change_retries_pods_waiting_for_that_label(
     )
     cluster.store.patch("nodes", "node-1", {"metadata": {"labels": {"disk": "ssd"}}})
     await bound(cluster, "picky")
+
+
+# ----- the scheduling queue: backoff and queueing hints ------------------------------------------
+
+
+def scheduler_of(sim: kubesim.Cluster) -> Scheduler:
+    found = sim.controllers["scheduler"]
+    assert isinstance(found, Scheduler)
+    return found
+
+
+def test_backoff_doubles_from_one_second_to_ten() -> None:
+    assert [backoff_seconds(n) for n in range(7)] == [0, 1, 2, 4, 8, 10, 10]
+
+
+async def test_a_pod_waiting_for_gpus_is_tried_again_only_when_gpus_free_up(
+    cluster: kubesim.Cluster,
+) -> None:
+    for name in ("gpu-1", "gpu-2"):
+        cluster.add_node(name, capacity={"nvidia.com/gpu": "1"})
+    cluster.store.create(gpu_pod("first", 1))
+    cluster.store.create(gpu_pod("second", 1))
+    cluster.store.create(pod("web", requests={"cpu": "100m"}))
+    await bound(cluster, "first", "second", "web")
+    cluster.store.create(gpu_pod("waiting", 1))
+    assert "2 Insufficient nvidia.com/gpu" in await unschedulable(cluster, "waiting")
+    await cluster.settle(timeout=DEADLINE)
+    scheduler = scheduler_of(cluster)
+    passes = scheduler.filter_passes
+    # None of these can give the pod a GPU: no new attempt, not one node filtered for it.
+    cluster.store.delete("pods", "web", "default")
+    cluster.store.patch("nodes", "gpu-1", {"metadata": {"labels": {"rack": "r1"}}})
+    cluster.store.patch("nodes", "gpu-2", {"spec": {"unschedulable": True}})
+    await cluster.settle(timeout=DEADLINE)
+    assert scheduler.filter_passes == passes
+    assert not node_of(cluster, "waiting")
+    # A GPU pod leaving a cordoned node: NodeResourcesFit's hint looks at resources only (as
+    # kube-scheduler's), so the pod is tried once more (both nodes filtered) and stays Pending.
+    cluster.store.delete("pods", "second", "default")
+    await cluster.settle(timeout=DEADLINE)
+    assert passes < scheduler.filter_passes <= passes + 2
+    assert not node_of(cluster, "waiting")
+    # The GPU pod leaving a schedulable node is what lets it in.
+    cluster.store.delete("pods", "first", "default")
+    await bound(cluster, "waiting")
+    assert node_of(cluster, "waiting") == "gpu-1"
+
+
+async def test_uncordoning_a_node_moves_a_waiting_pod_back(cluster: kubesim.Cluster) -> None:
+    cluster.add_node("gpu-1", capacity={"nvidia.com/gpu": "1"})
+    cluster.store.patch("nodes", "gpu-1", {"spec": {"unschedulable": True}})
+    cluster.store.create(gpu_pod("waiting", 1))
+    assert "1 node(s) were unschedulable" in await unschedulable(cluster, "waiting")
+    cluster.store.patch("nodes", "gpu-1", {"spec": {"unschedulable": None}})
+    await bound(cluster, "waiting")
+
+
+async def test_an_uncordon_moves_a_pod_back_though_the_node_still_lacks_its_gpus(
+    cluster: kubesim.Cluster,
+) -> None:
+    # As in a driver upgrade: the node is cordoned and its GPU still held when the pod is
+    # tried, then uncordoned before the GPU frees. NodeUnschedulable's hint moves the pod back
+    # on the uncordon (its own plugin passes now); that attempt fails on NodeResourcesFit,
+    # whose hint then moves it back when the GPU frees.
+    cluster.add_node("gpu-1", capacity={"nvidia.com/gpu": "1"})
+    cluster.store.create(gpu_pod("first", 1))
+    await bound(cluster, "first")
+    cluster.store.patch("nodes", "gpu-1", {"spec": {"unschedulable": True}})
+    cluster.store.create(gpu_pod("waiting", 1))
+    assert "1 node(s) were unschedulable" in await unschedulable(cluster, "waiting")
+    cluster.store.patch("nodes", "gpu-1", {"spec": {"unschedulable": None}})
+    await eventually(
+        lambda: "Insufficient nvidia.com/gpu" in scheduled_condition(cluster, "waiting")["message"],
+        "tried again after the uncordon",
+        state=lambda: scheduled_condition(cluster, "waiting"),
+    )
+    cluster.store.delete("pods", "first", namespace="default")
+    await bound(cluster, "waiting")
+
+
+async def test_a_hinted_pod_waits_out_its_backoff_while_others_queue(
+    cluster: kubesim.Cluster,
+) -> None:
+    cluster.add_node("gpu-1", capacity={"nvidia.com/gpu": "1"})
+    cluster.store.create(gpu_pod("first", 1))
+    await bound(cluster, "first")
+    cluster.store.create(gpu_pod("waiting", 1))
+    await unschedulable(cluster, "waiting")
+    await cluster.settle(timeout=DEADLINE)
+    scheduler = scheduler_of(cluster)
+    key = ("default", "waiting")
+    waiting = scheduler.unschedulable[key]
+    assert waiting.attempts == 1
+    assert 0 < waiting.backoff_until - time.monotonic() <= 1.0
+    # A hint while another pod is queued (activeQ not empty) moves the pod to backoffQ: it is
+    # tried when its backoff ends, not before.
+    scheduler.enqueue(("default", "someone-else"))
+    scheduler._requeue(key, waiting)
+    assert key not in scheduler._pending
+    assert key in scheduler._timers
+    await eventually(lambda: scheduler.attempts.get(key) == 2, "tried again")
+    assert time.monotonic() >= waiting.backoff_until
+    assert scheduler.unschedulable[key].backoff_until - time.monotonic() > 1.0  # now 2 s
+
+
+async def test_a_hinted_pod_is_tried_at_once_when_nothing_else_waits(
+    cluster: kubesim.Cluster,
+) -> None:
+    cluster.add_node("gpu-1", capacity={"nvidia.com/gpu": "1"})
+    cluster.store.create(gpu_pod("first", 1))
+    await bound(cluster, "first")
+    cluster.store.create(gpu_pod("waiting", 1))
+    await unschedulable(cluster, "waiting")
+    await cluster.settle(timeout=DEADLINE)
+    key = ("default", "waiting")
+    # Backing off for an hour: only SchedulerPopFromBackoffQ (an empty activeQ takes the pod
+    # from backoffQ) lets the freed GPU in within the test's deadline.
+    scheduler_of(cluster).unschedulable[key].backoff_until = time.monotonic() + 3600
+    cluster.store.delete("pods", "first", "default")
+    await bound(cluster, "waiting")
+    assert key not in scheduler_of(cluster).attempts

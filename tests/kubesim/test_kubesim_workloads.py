@@ -1115,12 +1115,21 @@ async def test_scale_subresource_reads_and_writes_the_replica_count(
     stale = {**scale, "spec": {"replicas": 1}}
     status, body = await api.req("PUT", path, stale)
     assert (status, body["reason"]) == (409, "Conflict")
-    fresh = await api.ok("GET", path)
-    fresh["spec"]["replicas"] = 1
-    assert (await api.ok("PUT", path, fresh))["spec"]["replicas"] == 1
-    fresh = await api.ok("GET", path)
-    fresh["spec"]["replicas"] = -1
-    status, body = await api.req("PUT", path, fresh)
+
+    async def put_replicas(replicas: int) -> tuple[int, dict[str, Any]]:
+        # A GET-modify-PUT races the deployment controller's status writes (they move the
+        # Scale's resourceVersion too): retried on 409 as client-go's RetryOnConflict does.
+        for _ in range(20):
+            fresh = await api.ok("GET", path)
+            fresh["spec"]["replicas"] = replicas
+            status, body = await api.req("PUT", path, fresh)
+            if status != 409:
+                return status, body
+        raise AssertionError("the Scale PUT conflicted 20 times in a row")
+
+    status, body = await put_replicas(1)
+    assert (status, body["spec"]["replicas"]) == (200, 1)
+    status, body = await put_replicas(-1)
     assert status == 422
     assert "spec.replicas: Invalid value: -1: must be greater than or equal to 0" in body["message"]
     sim.store.create(workload("StatefulSet", "db", 1))

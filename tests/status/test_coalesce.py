@@ -173,6 +173,26 @@ def test_a_bad_window_is_refused_with_its_value(window: float) -> None:
         coalesce.StatusWrites(window)
 
 
+def test_a_driver_upgrade_starting_is_written_at_once_inside_the_window() -> None:
+    # A small fleet's upgrade that starts right after another write and ends within the window
+    # would otherwise never show as not ready.
+    upgrading = status(
+        summary.StateReport("state-driver", "notReady", "1 of 2 nodes upgraded", True, True)
+    )
+    ready_condition = next(c for c in upgrading["conditions"] if c["type"] == conditions.READY)
+    assert ready_condition["reason"] == conditions.DRIVER_UPGRADE_IN_PROGRESS
+    writes = coalesce.StatusWrites(WINDOW)
+    writes.wrote("p", READY, now=100.0)
+    assert writes.decide("p", READY, upgrading, now=100.1) == coalesce.WRITE
+    # Other rollouts, and progress while upgrading, wait for the window.
+    assert writes.decide("p", READY, rolling(1), now=100.1).action == "defer"
+    writes.wrote("p", upgrading, now=100.1)
+    later = status(
+        summary.StateReport("state-driver", "notReady", "2 of 2 nodes upgraded", True, True)
+    )
+    assert writes.decide("p", upgrading, later, now=100.2).action == "defer"
+
+
 def test_news_needs_a_failure_not_a_waiting_reason() -> None:
     waiting = rolling(1)
     assert not coalesce.is_news(READY, waiting)

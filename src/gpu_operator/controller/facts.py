@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from gpu_operator.api import keys
 from gpu_operator.nodes import labelling
@@ -22,6 +22,67 @@ def runtime_of(node: Mapping[str, Any]) -> Runtime | None:
     return None
 
 
+T = TypeVar("T")
+
+
+class PerNode(Generic[T]):
+    """`read(node)` for each node, computed once per node object: the node cache replaces a
+    node's object on every change and never edits one in place, so an object seen by the last
+    call gives what it gave then. Only the last call's objects are kept (each checked by
+    identity: an id reused by a new object is not taken for the old one), so a pass over 5,000
+    nodes of which a few changed reads only those few."""
+
+    def __init__(self, read: Callable[[Mapping[str, Any]], T]) -> None:
+        self._read = read
+        self._seen: dict[int, tuple[Mapping[str, Any], T]] = {}
+
+    def __call__(self, nodes: Iterable[Mapping[str, Any]]) -> list[T]:
+        seen = self._seen
+        kept: dict[int, tuple[Mapping[str, Any], T]] = {}
+        out: list[T] = []
+        for node in nodes:
+            key = id(node)
+            hit = seen.get(key)
+            if hit is None or hit[0] is not node:
+                hit = (node, self._read(node))
+            kept[key] = hit
+            out.append(hit[1])
+        self._seen = kept
+        return out
+
+
+class _NodeFacts(NamedTuple):
+    """What one node adds to the cluster facts."""
+
+    nfd: bool
+    gpu: bool
+    os: tuple[str, str] | None
+    runtime: Runtime | None
+    kernel: str | None
+    plugin_config: str | None
+
+
+def _node_facts(node: Mapping[str, Any]) -> _NodeFacts:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    # Stripped nodes carry the NFD verdict; full node objects are checked directly.
+    nfd = bool(node.get("nfd")) or labelling.has_nfd(labels)
+    if labels.get(keys.GPU_PRESENT) != "true":
+        return _NodeFacts(nfd, False, None, None, None, None)
+    os_id, version = labels.get(keys.NFD_OS_ID), labels.get(keys.NFD_OS_VERSION_ID)
+    return _NodeFacts(
+        nfd,
+        True,
+        (os_id, version) if os_id and version else None,
+        runtime_of(node),
+        labels.get(keys.NFD_KERNEL_FULL) or None,
+        labels.get(config_manager.NODE_LABEL) or None,
+    )
+
+
+# The operator's status passes fold every node of its node cache, many times a minute.
+_node_facts_of = PerNode(_node_facts)
+
+
 def from_nodes(
     nodes: Iterable[Mapping[str, Any]],
     *,
@@ -33,32 +94,30 @@ def from_nodes(
     kubernetes_version: str = "1.35.0",
     config_map_data: Mapping[str, Mapping[str, str]] | None = None,
     startup_toleration: Mapping[str, str] | None = None,
+    cached: bool = False,
 ) -> ClusterFacts:
     """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels, and
-    the device-plugin config labels of GPU nodes."""
+    the device-plugin config labels of GPU nodes. `cached`: the nodes are a node cache's
+    objects, replaced on change and never edited in place (`PerNode`): each is read once."""
     gpu_nodes = 0
     plugin_configs: Counter[str] = Counter()
     nfd = False
     os_seen: Counter[tuple[str, str]] = Counter()
     runtimes: set[str] = set()
     kernels: set[str] = set()
-    for node in nodes:
-        labels = (node.get("metadata") or {}).get("labels") or {}
-        # Stripped nodes carry the NFD verdict; full node objects are checked directly.
-        nfd = nfd or bool(node.get("nfd")) or labelling.has_nfd(labels)
-        if labels.get(keys.GPU_PRESENT) != "true":
+    for node in _node_facts_of(nodes) if cached else map(_node_facts, nodes):
+        nfd = nfd or node.nfd
+        if not node.gpu:
             continue
         gpu_nodes += 1
-        os_id, version = labels.get(keys.NFD_OS_ID), labels.get(keys.NFD_OS_VERSION_ID)
-        if os_id and version:
-            os_seen[(os_id, version)] += 1
-        node_runtime = runtime_of(node)
-        if node_runtime:
-            runtimes.add(node_runtime)
-        if labels.get(keys.NFD_KERNEL_FULL):
-            kernels.add(labels[keys.NFD_KERNEL_FULL])
-        if labels.get(config_manager.NODE_LABEL):
-            plugin_configs[labels[config_manager.NODE_LABEL]] += 1
+        if node.os is not None:
+            os_seen[node.os] += 1
+        if node.runtime:
+            runtimes.add(node.runtime)
+        if node.kernel:
+            kernels.add(node.kernel)
+        if node.plugin_config:
+            plugin_configs[node.plugin_config] += 1
     # Upstream reads the OS of "one GPU node"; the most common one is the stable choice.
     os_id, os_version = os_seen.most_common(1)[0][0] if os_seen else (None, None)
     runtime: Runtime = "containerd"

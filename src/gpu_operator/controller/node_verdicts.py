@@ -25,14 +25,22 @@ from gpu_operator.status import explain
 
 
 class _Entry(NamedTuple):
+    """What one node's verdict was walked from, and its rank; not the verdict itself: a verdict
+    holds every link walked with its evidence (about 2 KB a node: 40 MB at 20,000 nodes while
+    they all fail during a rollout), and the status needs only the worst one's, walked again
+    from these same inputs when it is asked for (`NodeVerdicts.worst`)."""
+
     node: Mapping[str, Any]
     pods: tuple[PodSummary, ...]
     view: explain.PolicyView
     dra: explain.DraFacts | None
-    verdict: explain.Verdict
     # (depth, node) when the node is not usable: what `explain.worst` orders failing nodes by,
     # worked out once per verdict rather than on every pass. None when usable.
     rank: tuple[int, str] | None
+
+    def walk(self) -> explain.Verdict:
+        """The node's verdict (the chain is pure: the same inputs give the same verdict)."""
+        return explain.explain(node_facts(self.node, self.pods, self.view, self.dra))
 
 
 def pod_view(pod: PodSummary) -> explain.PodView:
@@ -70,61 +78,155 @@ def node_facts(
     )  # fmt: skip
 
 
+class PodsByNode:
+    """The operand pods per node, kept from the pod cache's events (key, old, new), with the
+    nodes whose pods changed since the last pass (`dirty`).
+
+    A pass then groups only those nodes' pods instead of all of them (35,000 pods at 5,000
+    nodes, every pass). Each node's pods come in the pod cache's own order (the order keys
+    entered it: a replaced pod keeps its place, a pod deleted and added again goes last), so
+    a node's pods are exactly what grouping the whole cache gives.
+    """
+
+    def __init__(self) -> None:
+        self._seq: dict[str, int] = {}
+        self._next = 0
+        self._by_node: dict[str, dict[str, PodSummary]] = {}
+        self.dirty: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    def changed(self, key: str, old: PodSummary | None, new: PodSummary | None) -> None:
+        """One pod cache event: added (old None), replaced, or deleted (new None)."""
+        if new is None:
+            self._seq.pop(key, None)
+        elif key not in self._seq:
+            self._seq[key] = self._next
+            self._next += 1
+        if old is not None:
+            held = self._by_node.get(old.node)
+            if held is not None and held.pop(key, None) is not None and not held:
+                del self._by_node[old.node]
+            self.dirty.add(old.node)
+        if new is not None:
+            self._by_node.setdefault(new.node, {})[key] = new
+            self.dirty.add(new.node)
+
+    def reset(self, pods: Mapping[str, PodSummary]) -> None:
+        """Rebuild from the whole cache (in its order); every node counts as changed."""
+        self.dirty |= set(self._by_node)
+        self._seq, self._next, self._by_node = {}, 0, {}
+        for key, pod in pods.items():
+            self.changed(key, None, pod)
+
+    def on(self, node: str) -> tuple[PodSummary, ...]:
+        """The node's pods, in the cache's order."""
+        held = self._by_node.get(node)
+        if not held:
+            return ()
+        seq = self._seq
+        return tuple(pod for _, pod in sorted(held.items(), key=lambda item: seq[item[0]]))
+
+
 class NodeVerdicts:
-    """Each GPU node's verdict, remembered with the inputs it was walked from."""
+    """Each GPU node's verdict rank, remembered with the inputs it was walked from.
+
+    Pods come either as a whole (`refresh(nodes, pods, ...)`: grouped by node on every call) or
+    from `self.pods`, fed with the pod cache's events (`pods=None`): then a pass looks at the
+    pods of the nodes whose pods changed since the last pass only. Only the worst node's
+    verdict is kept (walked again when the worst node or its inputs change).
+    """
 
     def __init__(self) -> None:
         self._memo: dict[str, _Entry] = {}
+        self.pods = PodsByNode()
+        # The worst entry of the last `worst` and its verdict.
+        self._worst: tuple[_Entry, explain.Verdict] | None = None
 
-    def verdicts(
+    def refresh(
         self,
         nodes: Iterable[Mapping[str, Any]],
-        pods: Iterable[PodSummary],
+        pods: Iterable[PodSummary] | None,
         view: explain.PolicyView,
         slices: SliceSource | None = None,
-    ) -> list[explain.Verdict]:
-        """The verdict of every node NFD-labelled as a GPU node (`nvidia.com/gpu.present`);
-        forgets the nodes that are gone. `slices` gives a DRA node's ResourceSlices."""
-        by_node: dict[str, list[PodSummary]] = {}
-        for pod in pods:
-            by_node.setdefault(pod.node, []).append(pod)
+    ) -> None:
+        """Walk again every node NFD-labelled as a GPU node (`nvidia.com/gpu.present`) whose
+        inputs changed; forget the nodes that are gone. `slices` gives a DRA node's
+        ResourceSlices; `pods` None reads the pods from `self.pods` (its events)."""
+        grouped: dict[str, list[PodSummary]] | None = None
+        if pods is not None:
+            grouped = {}
+            for pod in pods:
+                grouped.setdefault(pod.node, []).append(pod)
+        index = self.pods
+        dirty = index.dirty
         memo = self._memo
         kept: dict[str, _Entry] = {}
-        found: list[explain.Verdict] = []
         for node in nodes:
             meta = node.get("metadata") or {}
             labels = meta.get("labels") or {}
             if labels.get(keys.GPU_PRESENT) != "true":
                 continue
             name = str(meta.get("name"))
-            on_node = tuple(by_node.get(name, ()))
-            dra = None
-            if labels.get(keys.DRA_NODE) == "true":
-                dra = dra_facts(on_node, slices(name) if slices is not None else None)
             entry = memo.get(name)
+            dra_node = labels.get(keys.DRA_NODE) == "true"
+            if (
+                grouped is None
+                and entry is not None
+                and entry.node is node
+                and entry.view == view
+                and name not in dirty
+                and not dra_node
+            ):
+                kept[name] = entry  # neither the node nor its pods changed
+                continue
+            on_node = tuple(grouped.get(name, ())) if grouped is not None else index.on(name)
+            dra = None
+            if dra_node:
+                dra = dra_facts(on_node, slices(name) if slices is not None else None)
             if entry is None or not (
                 entry.node is node
                 and entry.view == view
                 and entry.pods == on_node
                 and entry.dra == dra
             ):
-                verdict = explain.explain(node_facts(node, on_node, view, dra))
+                fresh = _Entry(node, on_node, view, dra, None)
+                verdict = fresh.walk()
                 rank = None if verdict.usable else (verdict.depth, verdict.node)
-                entry = _Entry(node, on_node, view, dra, verdict, rank)
+                entry = fresh._replace(rank=rank)
             kept[name] = entry
-            found.append(entry.verdict)
+        if grouped is None:
+            dirty.clear()
         self._memo = kept
-        return found
+
+    def verdicts(
+        self,
+        nodes: Iterable[Mapping[str, Any]],
+        pods: Iterable[PodSummary] | None,
+        view: explain.PolicyView,
+        slices: SliceSource | None = None,
+    ) -> list[explain.Verdict]:
+        """Every GPU node's verdict after `refresh` (each walked again from its kept inputs:
+        for `gpu-operator explain`-style reads and tests, not for the status passes)."""
+        self.refresh(nodes, pods, view, slices)
+        return [entry.walk() for entry in self._memo.values()]
 
     def worst(
         self,
         nodes: Iterable[Mapping[str, Any]],
-        pods: Iterable[PodSummary],
+        pods: Iterable[PodSummary] | None,
         view: explain.PolicyView,
         slices: SliceSource | None = None,
     ) -> explain.Verdict | None:
         """The failing GPU node furthest from usable (status/explain.py's `worst`: the earliest
         failing link, then by name), or None."""
-        self.verdicts(nodes, pods, view, slices)
+        self.refresh(nodes, pods, view, slices)
         failing = [e for e in self._memo.values() if e.rank is not None]
-        return min(failing, key=lambda e: e.rank or (0, "")).verdict if failing else None
+        if not failing:
+            self._worst = None
+            return None
+        entry = min(failing, key=lambda e: e.rank or (0, ""))
+        if self._worst is None or self._worst[0] is not entry:
+            self._worst = (entry, entry.walk())
+        return self._worst[1]

@@ -182,7 +182,7 @@ class NodeLabels(Reconciler):
             await self._report_coexist(name, meta, labels, outcome)
         if not plan.empty:
             # Settled only when the watch brings our write back and the plan comes out empty.
-            await self.rt.writer.patch_node(name, plan.merge_patch())
+            await self.rt.writer.label_node(name, plan.merge_patch())
         else:
             self._settled(name)
         had = bool(self.conflicts.get(name))

@@ -358,7 +358,10 @@ class NVIDIADriverReconciler(Reconciler):
         (status/rollout.py): its nodes' driver upgrade, a new spec rolling out, the hand-over."""
         enabled = obj is not None and cp.upgrades_enabled(obj, self._upgrades_enabled)
         upgrade = cp.upgrade_view(
-            self.caches[runtime.NODES].objects.values(), owner=entry.name, enabled=enabled
+            self.caches[runtime.NODES].objects.values(),
+            owner=entry.name,
+            enabled=enabled,
+            cached=True,
         )
         waiting: list[rollout.Workload] = []
         handing_over = sorted(set(entry.nodes) & orphaned)

@@ -49,7 +49,13 @@ class Operator:
         # Bounded nesting: one hostile policy must not break validation for the others.
         caches.add(runtime.POLICIES, resources.CLUSTER_POLICY, transform=strip.bounded)
         caches.add(runtime.NODES, resources.NODE, transform=strip.node)
-        caches.add(runtime.PODS, resources.POD, namespace=ns, transform=strip.pod)
+        # One list and watch of every pod (the upgrade planner drains any namespace's GPU pods);
+        # the status side reads the operator namespace's pods through a view of it.
+        caches.add(
+            runtime.ALL_PODS, resources.POD, namespace=resources.ALL_NAMESPACES,
+            transform=strip.pod_record(ns),
+        )  # fmt: skip
+        caches.add_view(runtime.PODS, runtime.ALL_PODS, strip.pod_summary)
         caches.add(
             runtime.REVISIONS, resources.CONTROLLER_REVISION, namespace=ns,
             transform=strip.revision,
@@ -93,7 +99,7 @@ class Operator:
 
     @property
     def nodes(self) -> Informer:
-        return self.runtime.caches[runtime.NODES]
+        return self.runtime.caches.informers[runtime.NODES]
 
     @property
     def pending_nodes(self) -> set[str]:

@@ -47,8 +47,10 @@ from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.kube import resources
 from gpu_operator.kube.cache import (
     Informer,
+    Select,
     StateLostHandler,
     Transform,
+    View,
     current_version,
     rewound,
 )
@@ -114,6 +116,9 @@ class Reconciler:
     """One kind's reconciler. Subclasses set `prefix` and implement `watches` and `reconcile`."""
 
     prefix: str = ""
+    # Keys the queue serves ahead of the others (WorkQueue.first): a cluster-wide pass that
+    # per-node keys would otherwise hold back (thousands are queued when every node is relabelled).
+    first_keys: tuple[str, ...] = ()
 
     def watches(self) -> Iterable[Watch]:
         return ()
@@ -148,6 +153,9 @@ OWNED_KINDS = (
 # (controller/operator.py), read through `Runtime.caches` and named in `Watch`es.
 POLICIES = "clusterpolicies"
 NODES = "nodes"
+# Every pod of every namespace (snapshot.Pod, the upgrade planner's record): the operator's one
+# pod list and watch. PODS is a view of it: the operator namespace's pods, as readiness summaries.
+ALL_PODS = "upgrade:pods"
 PODS = "pods"
 REVISIONS = "revisions"
 CRDS = "crds"
@@ -174,6 +182,8 @@ class Caches:
         self._dispatch = dispatch
         self._on_state_lost = on_state_lost
         self.informers: dict[str, Informer] = {}
+        # Caches derived from another cache's events (no list or watch of their own).
+        self.views: dict[str, View] = {}
         self._running: list[asyncio.Task[None]] | None = None
 
     def add(
@@ -203,11 +213,36 @@ class Caches:
             self._running.append(asyncio.create_task(informer.run()))
         return informer
 
-    def __getitem__(self, name: str) -> Informer:
-        return self.informers[name]
+    def add_view(self, name: str, source: str, select: Select) -> View:
+        """A cache derived from cache `source`: the objects `select` keeps (not None), as it
+        returns them, fed by the source's events (one list, watch and decode for both). Its
+        events dispatch under `name` right after the source's own."""
+        if name in self.views:
+            return self.views[name]
+        if name in self.informers:
+            raise ValueError(f"cache {name!r} exists already")
+        informer = self.informers[source]
+        view = View(informer, select, functools.partial(self._dispatch, name))
+        self.views[name] = view
+        feeds = [v for v in self.views.values() if v.source is informer]
+        dispatch = functools.partial(self._dispatch, source)
+
+        def fan_out(key: str, old: Any, new: Any) -> None:
+            try:
+                dispatch(key, old, new)
+            finally:  # a failing handler must not leave a view behind its source
+                for fed in feeds:
+                    fed.feed(key, new)
+
+        informer.on_change = fan_out
+        return view
+
+    def __getitem__(self, name: str) -> Informer | View:
+        found = self.informers.get(name)
+        return found if found is not None else self.views[name]
 
     def __contains__(self, name: str) -> bool:
-        return name in self.informers
+        return name in self.informers or name in self.views
 
     def add_owned(self, api_version: str, kind: str) -> Informer:
         """The cache of one operand kind in the operator namespace, labelled with a state."""
@@ -291,6 +326,7 @@ class Runtime:
         if not reconciler.prefix or reconciler.prefix in self.reconcilers:
             raise ValueError(f"reconciler prefix {reconciler.prefix!r} is empty or taken")
         self.reconcilers[reconciler.prefix] = reconciler
+        self.queue.first.update(reconciler.first_keys)
         for watch in reconciler.watches():
             if watch.cache not in self.caches:
                 raise KeyError(f"{reconciler.prefix} watches unknown cache {watch.cache!r}")

@@ -7,6 +7,7 @@ and one shared copy of each is most of what keeps the operator small at 5,000 no
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gpu_operator.api import crds, keys, manifests
@@ -15,6 +16,7 @@ from gpu_operator.kube.client import FIELD_MANAGER
 from gpu_operator.kube.writer import PREVIOUS_WRITER_FLAG
 from gpu_operator.nodes import gate, labelling, ledger
 from gpu_operator.operands import dcgm_exporter, nvidiadriver, readiness, takeover
+from gpu_operator.upgrade import snapshot
 from gpu_operator.upgrade import states as upgrade_states
 
 # Node labels the planners read besides the `nvidia.com/` ones.
@@ -100,15 +102,28 @@ def _gpu_count(resources: Any) -> int:
 
 
 def pod(obj: dict[str, Any]) -> readiness.PodSummary:
-    """A pod as readiness needs it: owner, node, revision and its worst problem, if any."""
-    summary = readiness.summarize(obj)
-    return summary._replace(
-        node=sys.intern(summary.node),
-        owner_uids=tuple(sys.intern(uid) for uid in summary.owner_uids),
-        revision_hash=sys.intern(summary.revision_hash) if summary.revision_hash else None,
-        app=sys.intern(summary.app) if summary.app else None,
-        component=sys.intern(summary.component) if summary.component else None,
-    )
+    """A pod as readiness needs it: owner, node, revision and its worst problem, if any (its
+    shared strings interned by `readiness.summarize`: one summary built per pod event)."""
+    return readiness.summarize(obj)
+
+
+def pod_record(namespace: str) -> Callable[[dict[str, Any]], snapshot.Pod]:
+    """The transform of the operator's one pod cache (every namespace): the upgrade planner's
+    record of each pod, carrying its readiness summary (`pod`) when it is in the operator's
+    `namespace` (the status side reads those through a view: `pod_summary`)."""
+
+    def record(obj: dict[str, Any]) -> snapshot.Pod:
+        meta = obj.get("metadata") or {}
+        summary = readiness.summarize(obj) if meta.get("namespace") == namespace else None
+        return snapshot.pod_from(obj, summary)
+
+    return record
+
+
+def pod_summary(record: snapshot.Pod) -> readiness.PodSummary | None:
+    """What the status side's pod view keeps of a record of `pod_record`: the operator
+    namespace's pods' summaries (None leaves every other pod out)."""
+    return record.summary
 
 
 def owned(obj: dict[str, Any]) -> dict[str, Any]:

@@ -59,7 +59,7 @@ INCREMENTAL_DEBOUNCE_SECONDS = 0.002
 _Snapshot = snapshot.Snapshot  # (the reconciler's `snapshot` method hides the module)
 
 CACHE_NODES = "upgrade:nodes"
-CACHE_PODS = "upgrade:pods"
+CACHE_PODS = runtime.ALL_PODS  # shared with the status side (a view of it: runtime.PODS)
 CACHE_DAEMONSETS = "upgrade:daemonsets"
 CACHE_REVISIONS = "upgrade:revisions"
 CACHE_BUDGETS = "upgrade:pdbs"
@@ -164,7 +164,11 @@ class UpgradeReconciler(runtime.Reconciler):
         self._pods_by_node: dict[str, dict[str, snapshot.Pod]] = {}
         self._reports: dict[str, actions.NodeReport] = {}
         self._groups: dict[str, actions.GroupReport] = {}
+        # How many of `_reports` are in each upgrade state, kept by `_merge` so that publishing
+        # after a pass costs one step per state, not one per node.
+        self._state_counts: dict[str, int] = {}
         self.drifts = 0  # full passes whose counts disagreed with the incremental ones
+        self._failing = False  # the last pass raised: the queue's retry backoff holds
 
     # ----- caches and events ------------------------------------------------------------------
 
@@ -196,12 +200,21 @@ class UpgradeReconciler(runtime.Reconciler):
     def initial(self) -> Iterable[runtime.Request]:
         return [runtime.Request(KEY), runtime.Request(RESYNC_KEY, self.resync)]
 
+    def _request(self, delay: float) -> list[runtime.Request]:
+        """A pass within `delay` seconds. A pending later pass (a chained pass's or a 409's
+        follow-up) is brought forward rather than kept, so the next step after an event waits
+        only for the debounce; after a failed pass the queue's retry backoff holds instead."""
+        if self._failing:
+            return [runtime.Request(KEY, delay)]
+        self.rt.enqueue_within(KEY, delay)
+        return []
+
     def _always(self, key: str, old: Any, new: Any) -> list[runtime.Request]:
         if old == new:
             return []
         self._full = True  # pools, revisions, budgets, policies, claims: any node may be affected
         self._fleet_changed = True
-        return [runtime.Request(KEY, self.full_debounce)]
+        return self._request(self.full_debounce)
 
     def _on_node(self, key: str, old: Any, new: Any) -> list[runtime.Request]:
         if (
@@ -211,14 +224,14 @@ class UpgradeReconciler(runtime.Reconciler):
         ):
             return []  # only fields the planner does not read changed
         self._changed.add(key)
-        return [runtime.Request(KEY, self.debounce)]
+        return self._request(self.debounce)
 
     def _on_pod(self, key: str, old: Any, new: Any) -> list[runtime.Request]:
         self._index(key, old, new)
         if old == new or not (_relevant(old) or _relevant(new)):
             return []
         self._changed.update(p.node for p in (old, new) if p is not None and p.node)
-        return [runtime.Request(KEY, self.debounce)]
+        return self._request(self.debounce)
 
     def _index(self, key: str, old: snapshot.Pod | None, new: snapshot.Pod | None) -> None:
         """Keep the cached pods per node (every pod: drains read them all)."""
@@ -290,24 +303,32 @@ class UpgradeReconciler(runtime.Reconciler):
         )
 
     async def reconcile(self, key: str) -> None:
-        await self._watch_claims()
-        async with self._lock:
-            if key == RESYNC_KEY:
-                self.rt.enqueue(RESYNC_KEY, self.resync)
-                self._full = True  # the safety net: every node planned, the counts checked
-            for _ in range(MAX_CHAINED_PASSES):
-                plan, applied = await self._pass()
-                deadline = self.fleet.next_deadline()  # every node's own wait, planned or not
-                if deadline is not None:
-                    self._wake_in(max(deadline - self.clock(), INCREMENTAL_DEBOUNCE_SECONDS))
-                patched = any(isinstance(a, actions.PatchNode) for a in plan.actions)
-                if not patched:
-                    return
-                if not applied or any(isinstance(a, _POD_WORK) for a in plan.actions):
-                    break
-            # Our own writes come back from the watch as no change (the cache already holds
-            # them), so the next step is planned now rather than on someone else's event.
-            self.rt.enqueue(KEY, DEBOUNCE_SECONDS)
+        try:
+            await self._watch_claims()
+            async with self._lock:
+                await self._passes(key)
+        except Exception:
+            self._failing = True  # retried with the queue's backoff
+            raise
+        self._failing = False
+
+    async def _passes(self, key: str) -> None:
+        if key == RESYNC_KEY:
+            self.rt.enqueue(RESYNC_KEY, self.resync)
+            self._full = True  # the safety net: every node planned, the counts checked
+        for _ in range(MAX_CHAINED_PASSES):
+            plan, applied = await self._pass()
+            deadline = self.fleet.next_deadline()  # every node's own wait, planned or not
+            if deadline is not None:
+                self._wake_in(max(deadline - self.clock(), INCREMENTAL_DEBOUNCE_SECONDS))
+            patched = any(isinstance(a, actions.PatchNode) for a in plan.actions)
+            if not patched:
+                return
+            if not applied or any(isinstance(a, _POD_WORK) for a in plan.actions):
+                break
+        # Our own writes come back from the watch as no change (the cache already holds
+        # them), so the next step is planned now rather than on someone else's event.
+        self.rt.enqueue(KEY, DEBOUNCE_SECONDS)
 
     async def _pass(self) -> tuple[actions.Plan, bool]:
         """Plan from the caches and carry the plan out; (the plan, whether every node patch in
@@ -367,13 +388,22 @@ class UpgradeReconciler(runtime.Reconciler):
 
     def _merge(self, plan: actions.Plan, focus: set[str] | None) -> None:
         """Keep every node's latest report (an incremental plan reports its nodes only)."""
+        counts = self._state_counts
         if focus is None:
             self._reports = dict(plan.nodes)
             self._groups = dict(plan.groups)
+            counts.clear()
+            for report in self._reports.values():
+                counts[report.state] = counts.get(report.state, 0) + 1
         else:
-            for name in focus:
-                self._reports.pop(name, None)
-            self._reports.update(plan.nodes)
+            reports = self._reports
+            for name in (*focus, *plan.nodes):
+                gone = reports.pop(name, None)
+                if gone is not None:
+                    counts[gone.state] -= 1
+            for report in plan.nodes.values():
+                counts[report.state] = counts.get(report.state, 0) + 1
+            reports.update(plan.nodes)
             self._groups.update(plan.groups)
         self.last_plan = actions.Plan(
             actions=plan.actions,
@@ -398,9 +428,7 @@ class UpgradeReconciler(runtime.Reconciler):
         self.rt.enqueue(KEY)
 
     def _publish(self) -> None:
-        counts: dict[str, int] = {}
-        for report in self._reports.values():
-            counts[report.state] = counts.get(report.state, 0) + 1
+        counts = self._state_counts  # of `_reports`, by state (kept by `_merge`)
         gauges = self.rt.metrics.upgrades
         failed = counts.get(states.UPGRADE_FAILED, 0)
         busy = sum(v for k, v in counts.items() if k not in states.IDLE) - failed

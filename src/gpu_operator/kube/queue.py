@@ -23,6 +23,9 @@ class WorkQueue:
         self._ready = asyncio.Event()
         self._base_delay = base_delay
         self._max_delay = max_delay
+        # Keys served ahead of every other queued key (Reconciler.first_keys): a cluster-wide pass
+        # asked for while thousands of per-node keys wait must not wait behind all of them.
+        self.first: set[str] = set()
         self.shutting_down = False
 
     def __len__(self) -> int:
@@ -43,7 +46,10 @@ class WorkQueue:
             return
         if key not in self._queued:
             self._queued.add(key)
-            self._queue.append(key)
+            if key in self.first:
+                self._queue.appendleft(key)
+            else:
+                self._queue.append(key)
             self._ready.set()
 
     def add_after(self, key: str, delay: float) -> None:

@@ -22,7 +22,7 @@ from lightkube.resources.core_v1 import PodEviction
 from lightkube.types import CascadeType, PatchType
 
 from gpu_operator.api import keys
-from gpu_operator.kube import resources
+from gpu_operator.kube import lean_http, resources
 from gpu_operator.operands import takeover
 
 log = logging.getLogger(__name__)
@@ -325,6 +325,43 @@ class Writer:
         result = await self.client.patch(resources.NODE, name, patch, patch_type=PatchType.MERGE)
         return dict(result)
 
+    async def label_node(self, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch a node's labels and annotations, discarding the server's answer: the
+        same request as `patch_node`, sent on the lean path (kube/lean_http.py: the same
+        auth, TLS, field manager and an ApiError for a refusal) and not decoded into a
+        resource object that the node labelling reconciler would throw away (its cache brings
+        the node back)."""
+        await self._lean_write("patch", resources.NODE, patch, name=name,
+                               content_type=PatchType.MERGE.value)  # fmt: skip
+
+    async def _lean_write(
+        self,
+        method: str,
+        res: Any,
+        body: Any,
+        *,
+        name: str | None = None,
+        namespace: str | None = None,
+        content_type: str = "application/json",
+        obj: Any = None,
+    ) -> None:
+        """One write whose answer nobody reads: lightkube prepares its path and query (field
+        manager, dryRun), kube/lean_http.py sends it; through lightkube's own client where the
+        lean path cannot speak for it (exec auth plugins, proxies)."""
+        inner = self.client._client
+        prepared = inner.prepare_request(
+            method, res=res, obj=body if obj is None else obj, name=name, namespace=namespace,
+            headers={"Content-Type": content_type},
+        )  # fmt: skip
+        lean = lean_http.shared(self.client)
+        if lean is not None:
+            target = lean.target(prepared.url, prepared.params)
+            await lean.send(prepared.method, target, body, content_type)
+            return
+        prepared.data = body
+        response = await inner._client.send(inner.build_adapter_request(prepared))
+        inner.raise_for_status(response)  # type: ignore[no-untyped-call]
+
     async def json_patch_node(self, name: str, ops: list[dict[str, Any]]) -> bool:
         """Apply a JSON patch to a node; False when one of its `test` operations failed (the
         server answers 422; 409 for a stale resourceVersion) or the node is gone."""
@@ -378,7 +415,9 @@ class Writer:
         )  # fmt: skip
 
     async def patch_status(self, res: Any, name: str, status: dict[str, Any]) -> None:
-        await self.client.patch(res.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+        """Merge-patch an object's status subresource (lean path: the answer is not read)."""
+        await self._lean_write("patch", res.Status, {"status": status}, name=name,
+                               content_type=PatchType.MERGE.value)  # fmt: skip
 
     async def event(
         self,
@@ -415,6 +454,8 @@ class Writer:
             "count": 1,
         }
         try:
-            await self.client.create(resources.EVENT(body))
+            namespace = str(meta.get("namespace") or self.cluster_events_namespace)
+            await self._lean_write("post", resources.EVENT, body, namespace=namespace,
+                                   obj=resources.EVENT(body))  # fmt: skip
         except Exception as err:
             log.warning("could not record event %s on %s: %s", reason, meta.get("name"), err)

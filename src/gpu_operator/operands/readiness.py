@@ -7,6 +7,7 @@ scheduled, an out-of-date revision), so status can explain itself.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -100,19 +101,26 @@ def _restarts(pod: Obj) -> int:
     return max(counts, default=0)
 
 
+def _shared(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) and value else value
+
+
 def summarize(pod: Obj) -> PodSummary:
-    """The summary of one pod (see PodSummary)."""
+    """The summary of one pod (see PodSummary). The strings thousands of pods repeat (node,
+    owners, revision, app labels) are interned: one copy each in a cache of every pod."""
     meta = pod.get("metadata", {})
     labels = meta.get("labels") or {}
     problem = pod_problem(pod)
     return PodSummary(
         name=str(meta.get("name", "?")),
-        node=str(pod.get("spec", {}).get("nodeName") or ""),
-        owner_uids=tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or []),
-        revision_hash=labels.get(REVISION_HASH_LABEL),
+        node=sys.intern(str(pod.get("spec", {}).get("nodeName") or "")),
+        owner_uids=tuple(
+            sys.intern(str(ref.get("uid"))) for ref in meta.get("ownerReferences") or []
+        ),
+        revision_hash=_shared(labels.get(REVISION_HASH_LABEL)),
         problem=problem,
-        app=labels.get("app"),
-        component=labels.get("app.kubernetes.io/component"),
+        app=_shared(labels.get("app")),
+        component=_shared(labels.get("app.kubernetes.io/component")),
         restarts=_restarts(pod),
         reasons=_reasons(pod) if problem is not None else (),
     )

@@ -5,8 +5,8 @@ writing each one cost about four writes a second per object (issue 19: 970 statu
 quick ClusterPolicy edits at 1,000 nodes). The reconcilers ask `StatusWrites.decide` before each
 write: an unchanged status is dropped, a status inside the window is deferred until the window
 ends (the reconciler queues itself for then, so the newest status is written even if no event
-comes), and news of a failure is written at once, since users wait on it. State in, decision out:
-the clock is passed in, the writes stay in the reconcilers.
+comes), and news (a failure, or a driver upgrade starting) is written at once, since users wait
+on it. State in, decision out: the clock is passed in, the writes stay in the reconcilers.
 """
 
 from __future__ import annotations
@@ -66,10 +66,25 @@ def _error(status: Mapping[str, Any]) -> tuple[Any, Any]:
     return None, None
 
 
+def _ready(status: Mapping[str, Any]) -> tuple[Any, Any]:
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == conditions.READY:
+            return c.get("status"), c.get("reason")
+    return None, None
+
+
 def is_news(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
     """Whether `after` reports a failure `before` did not: a state newly failed (or failed for
-    another reason), or an Error condition newly true for a reason other than converging."""
+    another reason), an Error condition newly true for a reason other than converging, or a
+    driver upgrade starting (Ready True -> False for DriverUpgradeInProgress: once per upgrade,
+    and it must show even when a small fleet's upgrade ends inside the window; other rollouts
+    inside the window stay unwritten)."""
     if _failed_states(after) - _failed_states(before):
+        return True
+    if _ready(before)[0] == "True" and _ready(after) == (
+        "False",
+        conditions.DRIVER_UPGRADE_IN_PROGRESS,
+    ):
         return True
     status, reason = _error(after)
     return status == "True" and reason not in WAITING_REASONS and _error(before) != (status, reason)

@@ -17,6 +17,7 @@ from typing import Any
 from gpu_operator import api
 from gpu_operator.api import enablement, keys
 from gpu_operator.nodes import ledger
+from gpu_operator.operands.readiness import PodSummary
 from gpu_operator.upgrade import policy as policy_mod
 from gpu_operator.upgrade import selectors, states
 
@@ -127,6 +128,9 @@ class Pod:
     # The ResourceClaims the pod holds (names in its namespace); `Snapshot.build` marks the pod
     # a GPU pod when one of them is allocated by NVIDIA's GPU DRA driver.
     claims: tuple[str, ...] = ()
+    # For the operator namespace's pods in the operator's one pod cache: the readiness summary
+    # the status side reads (controller/strip.pod_record); no part of the planner's facts.
+    summary: PodSummary | None = field(default=None, compare=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -222,7 +226,7 @@ def _driver_image(containers: list[Obj]) -> str:
     return str((chosen or {}).get("image") or "")
 
 
-def pod_from(obj: Obj) -> Pod:
+def pod_from(obj: Obj, summary: PodSummary | None = None) -> Pod:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -252,6 +256,7 @@ def pod_from(obj: Obj) -> Pod:
         config_digest=_shared(_digest(spec)),
         image=sys.intern(_driver_image(containers)),
         claims=_claims(spec, status),
+        summary=summary,
     )
 
 

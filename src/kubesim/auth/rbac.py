@@ -53,15 +53,16 @@ class RBACAuthorizer:
         self.store = store
         self._decisions: dict[tuple[UserInfo, Attributes], tuple[bool, str]] = {}
         self._compiled: dict[tuple[tuple[str, str], str, str, str], tuple[Rule, ...]] = {}
-        self._unsubscribe = store.subscribe(self._on_event)
+        self._unsubscribe = store.subscribe(
+            self._on_event, (ROLES, CLUSTER_ROLES, ROLE_BINDINGS, CLUSTER_ROLE_BINDINGS)
+        )
 
     def close(self) -> None:
         """Stop following store changes."""
         self._unsubscribe()
 
     def _on_event(self, event: Event) -> None:
-        if event.key[0] == GROUP:
-            self._decisions.clear()
+        self._decisions.clear()  # an RBAC object changed (the only kinds it subscribes to)
 
     def clear(self) -> None:
         """Forget every cached decision."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -15,6 +14,7 @@ from kubesim.controllers.events import EventRecorder
 from kubesim.controllers.scheduling import is_controlled_by
 from kubesim.resources import ResourceType
 from kubesim.store import Event, Key, Store, Stored
+from kubesim.turns import TURNS
 
 log = logging.getLogger("kubesim.controllers")
 
@@ -42,6 +42,8 @@ class Controller:
     name = "controller"
     # The resource keys `on_event` looks at; None: every kind (the store then calls it for all).
     resources: tuple[Key, ...] | None = None
+    # With `resources` None: the kinds it never looks at (the garbage collector's Events).
+    ignored_resources: tuple[Key, ...] = ()
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -61,7 +63,9 @@ class Controller:
 
     def start(self) -> None:
         """Subscribe to the store, queue an initial resync, and start draining."""
-        self._unsubscribe = self.store.subscribe(self._on_event, self.resources)
+        self._unsubscribe = self.store.subscribe(
+            self._on_event, self.resources, ignore=self.ignored_resources
+        )
         for key in self.initial_keys():
             self.enqueue(key)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
@@ -148,7 +152,6 @@ class Controller:
                 await self._wake.wait()
             batch = list(self._pending)
             self._pending.clear()
-            deadline = time.perf_counter() + SLICE_SECONDS
             for key in batch:
                 # A key queued again while we yielded is served now, by this one reconcile.
                 self._pending.pop(key, None)
@@ -161,11 +164,10 @@ class Controller:
                 except Exception:
                     log.exception("%s: reconciling %s crashed", self.name, key)
                     self.enqueue_after(key, 1.0)
-                if time.perf_counter() >= deadline:
-                    # The API server shares this event loop: give it a turn every slice.
-                    await asyncio.sleep(0)
-                    deadline = time.perf_counter() + SLICE_SECONDS
-            await asyncio.sleep(0)
+                if TURNS.due():
+                    # The API server shares this event loop: requests go first (kubesim.turns).
+                    await TURNS.tick()
+            await TURNS.pause()
 
 
 class ClockedController(Controller):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from typing import Any
 
 from kubesim import errors
 from kubesim.controllers import scheduling
 from kubesim.controllers.base import ClockedController, Controller, controlled
-from kubesim.store import Event, Stored, parse_time
+from kubesim.store import Event, Store, Stored, parse_time
 
 DEPLOY_KEY = ("apps", "deployments")
 RS_KEY = ("apps", "replicasets")
@@ -763,22 +764,101 @@ def _owner_keys_of(obj: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     ]
 
 
+@dataclasses.dataclass
+class _Owned:
+    """One ReplicaSet's pods as its controller counts them (kept from pod events): the work per
+    change is the changed pod, not every pod the ReplicaSet owns."""
+
+    # Pod name -> (live: not terminating nor finished, ready, finished and not yet deleted).
+    pods: dict[str, tuple[bool, bool, bool]] = dataclasses.field(default_factory=dict)
+    live: int = 0
+    ready: int = 0
+    finished: set[str] = dataclasses.field(default_factory=set)
+
+    def put(self, name: str, facts: tuple[bool, bool, bool] | None) -> None:
+        old = self.pods.pop(name, None)
+        if old is not None:
+            self.live -= old[0]
+            self.ready -= old[1]
+            self.finished.discard(name)
+        if facts is None:
+            return
+        self.pods[name] = facts
+        self.live += facts[0]
+        self.ready += facts[1]
+        if facts[2]:
+            self.finished.add(name)
+
+
+def _pod_facts(pod: dict[str, Any]) -> tuple[bool, bool, bool]:
+    deleting = bool(pod["metadata"].get("deletionTimestamp"))
+    finished = (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+    live = not deleting and not finished
+    return live, live and scheduling.pod_ready(pod), finished and not deleting
+
+
+def _rs_controller_ref(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for ref in pod["metadata"].get("ownerReferences") or ():
+        if ref.get("controller"):
+            return ref if ref.get("kind") == "ReplicaSet" else None
+    return None
+
+
 class ReplicaSetController(Controller):
     """Keeps `replicas` pods per ReplicaSet and reports ready/available counts."""
 
     name = "replicaset-controller"
     resources = (RS_KEY, POD_KEY)
 
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        # The pod index by controlling ReplicaSet uid (the real controller's owner index), and
+        # which ReplicaSet each indexed pod counts for.
+        self.owned: dict[str, _Owned] = {}
+        self._owner_of: dict[tuple[str, str], str] = {}
+
     def initial_keys(self) -> list[Any]:
+        for stored in self.store.scan(POD_KEY):
+            self._index(stored.obj, deleted=False)
         return self.keys_of(RS_KEY)
+
+    def _index(self, pod: dict[str, Any], *, deleted: bool) -> tuple[str, str] | None:
+        """File a pod under its ReplicaSet; the (namespace, name) of that ReplicaSet."""
+        meta = pod["metadata"]
+        namespace = meta.get("namespace", "")
+        key = (namespace, meta["name"])
+        ref = None if deleted else _rs_controller_ref(pod)
+        uid = (ref or {}).get("uid") or ""
+        before = self._owner_of.get(key)
+        if before is not None and before != uid:
+            owned = self.owned.get(before)
+            if owned is not None:
+                owned.put(meta["name"], None)
+                if not owned.pods:
+                    del self.owned[before]
+            del self._owner_of[key]
+        if ref is None or not uid:
+            return None
+        self._owner_of[key] = uid
+        self.owned.setdefault(uid, _Owned()).put(meta["name"], _pod_facts(pod))
+        return namespace, str(ref.get("name"))
 
     def on_event(self, event: Event) -> None:
         if event.key == RS_KEY:
             meta = event.new.obj["metadata"]
             self.enqueue((meta["namespace"], meta["name"]))
         elif event.key == POD_KEY:
-            for key in _owner_keys(event, "ReplicaSet"):
-                self.enqueue(key)
+            rs_key = self._index(event.new.obj, deleted=event.type == "DELETED")
+            if rs_key is not None:
+                self.enqueue(rs_key)
+            if event.type == "MODIFIED" and event.old is not None:
+                # Orphaned or adopted by another: the ReplicaSet it left counts again.
+                old_ref = _rs_controller_ref(event.old.obj)
+                if old_ref is not None and old_ref.get("uid") != (
+                    _rs_controller_ref(event.new.obj) or {}
+                ).get("uid"):
+                    meta = event.old.obj["metadata"]
+                    self.enqueue((meta.get("namespace", ""), old_ref.get("name")))
 
     def reconcile(self, key: Any) -> None:
         stored = self.store.peek(RS_KEY, *key)
@@ -787,22 +867,15 @@ class ReplicaSetController(Controller):
         rs = stored.obj
         spec = rs.get("spec") or {}
         replicas = int(spec.get("replicas", 1))
-        pods = [s.obj for s in _owned(self, rs, POD_KEY)]
+        owned = self.owned.get(rs["metadata"]["uid"]) or _Owned()
         pods_rt = self.rt("pods")
-        for pod in pods:
-            if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded") and not pod[
-                "metadata"
-            ].get("deletionTimestamp"):
-                self.store.remove(pods_rt, key[0], pod["metadata"]["name"])
-        live = [
-            p
-            for p in pods
-            if not p["metadata"].get("deletionTimestamp")
-            and (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
-        ]
+        for name in sorted(owned.finished):
+            self.store.remove(pods_rt, key[0], name)
+        # Store writes reach on_event synchronously: `owned` follows every create and delete.
+        owned = self.owned.get(rs["metadata"]["uid"]) or owned
         template = spec.get("template") or {}
-        for _ in range(replicas - len(live)):
-            pod = {
+        for _ in range(replicas - owned.live):
+            pod: dict[str, Any] = {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
@@ -816,7 +889,6 @@ class ReplicaSetController(Controller):
             if (template.get("metadata") or {}).get("annotations"):
                 pod["metadata"]["annotations"] = dict(template["metadata"]["annotations"])
             created = self.store.insert(pods_rt, pod).obj
-            live.append(created)
             self.events.record(
                 rs,
                 "Normal",
@@ -824,7 +896,13 @@ class ReplicaSetController(Controller):
                 f"Created pod: {created['metadata']['name']}",
                 component="replicaset-controller",
             )
-        if len(live) > replicas:
+        owned = self.owned.get(rs["metadata"]["uid"]) or owned
+        if owned.live > replicas:
+            live = [
+                found.obj
+                for name, facts in owned.pods.items()
+                if facts[0] and (found := self.store.peek(POD_KEY, key[0], name)) is not None
+            ]
             # Delete the least useful pods first: unscheduled, then not ready, then newest.
             live.sort(
                 key=lambda p: (
@@ -835,20 +913,26 @@ class ReplicaSetController(Controller):
             )
             for pod in live[: len(live) - replicas]:
                 self.delete_pod(rs, pod)
-            live = live[len(live) - replicas :]
+        live_count, ready = owned.live, owned.ready
         min_ready = int(spec.get("minReadySeconds") or 0)
-        ready = sum(1 for p in live if scheduling.pod_ready(p))
-        waits = [scheduling.ready_for(p, min_ready) for p in live]
-        available = sum(1 for w in waits if w == 0)
-        pending = [w for w in waits if w > 0]
-        if pending:
-            self.enqueue_after(key, min(pending) + 0.01)
+        available = ready
+        if min_ready > 0 and ready:
+            # Only a ReplicaSet with minReadySeconds reads its ready pods' transition times.
+            waits = [
+                scheduling.ready_for(found.obj, min_ready)
+                for name, facts in owned.pods.items()
+                if facts[1] and (found := self.store.peek(POD_KEY, key[0], name)) is not None
+            ]
+            available = sum(1 for w in waits if w == 0)
+            pending = [w for w in waits if w > 0]
+            if pending:
+                self.enqueue_after(key, min(pending) + 0.01)
         status: dict[str, Any] = {
-            "replicas": len(live),
+            "replicas": live_count,
             "observedGeneration": rs["metadata"].get("generation", 1),
         }
-        if live:
-            status["fullyLabeledReplicas"] = len(live)
+        if live_count:
+            status["fullyLabeledReplicas"] = live_count
         if ready:
             status["readyReplicas"] = ready
         if available:

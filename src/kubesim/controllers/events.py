@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from kubesim import errors
+from kubesim.resources import ResourceType
 from kubesim.store import Store, now
 
 log = logging.getLogger("kubesim.events")
@@ -29,10 +30,12 @@ class EventRecorder:
         self.enabled = enabled
         # (namespace, uid, type, reason, message, component) -> (event name, first seen)
         self._recent: dict[tuple[str, ...], tuple[str, float]] = {}
-        # (component, reason, involved kind) whose Events have passed the API server's decoding
-        # and validation once: later ones are built the same way and skip both (a rollout of
-        # thousands of pods records ten Events per pod).
+        # (component, reason, involved kind) whose Events have passed the API server's whole
+        # create path once: later ones are built the same way and take the store's lean path
+        # (`Store.insert_event`: a rollout of thousands of pods records ten Events per pod).
         self._admitted: set[tuple[str, str, str]] = set()
+        # (registry generation, the events resource type): resolved once, not per Event.
+        self._rt: tuple[int, ResourceType] | None = None
 
     def record(
         self,
@@ -68,9 +71,13 @@ class EventRecorder:
         namespace = meta.get("namespace") or "default"
         key = (namespace, meta.get("uid", ""), event_type, reason, message, component, field_path)
         stamp = now()
-        rt = self.store.registry.resolve("events")
+        registry = self.store.registry
+        if self._rt is None or self._rt[0] != registry.generation:
+            self._rt = (registry.generation, registry.resolve("events"))
+        rt = self._rt[1]
+        moment = time.monotonic()
         recent = self._recent.get(key)
-        if recent is not None and time.monotonic() - recent[1] < AGGREGATION_WINDOW:
+        if recent is not None and moment - recent[1] < AGGREGATION_WINDOW:
             stored = self.store.peek(EVENT_KEY, namespace, recent[0])
             if stored is not None:
                 event = stored.copy()
@@ -110,8 +117,11 @@ class EventRecorder:
             "reportingInstance": host,
         }
         shape = (component, reason, involved["kind"])
-        self.store.insert(rt, event, trusted=shape in self._admitted)
-        self._admitted.add(shape)
+        if shape in self._admitted:
+            self.store.insert_event(rt, event)
+        else:
+            self.store.insert(rt, event)
+            self._admitted.add(shape)
         if len(self._recent) >= _CACHE_LIMIT:
             self._recent.clear()
-        self._recent[key] = (name, time.monotonic())
+        self._recent[key] = (name, moment)

@@ -1,4 +1,10 @@
-"""Garbage collector: ownerReference cascades (background, foreground, orphan) and pod GC."""
+"""Garbage collector: ownerReference cascades (background, foreground, orphan) and pod GC.
+
+Like kube-controller-manager's, it ignores Events (core and events.k8s.io, its default
+`GCIgnoredResources`): it neither follows nor tracks them, so an Event is never collected with
+the object it names or owns, and an Event an object names as its owner is checked by a lookup,
+as the real collector checks an owner it has no node for.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +18,21 @@ from kubesim.store import Event, Key
 
 POD_KEY = ("", "pods")
 NODE_KEY = ("", "nodes")
+# kube-controller-manager's default --gc-ignored-resources (GarbageCollectorController config).
+IGNORED = (("", "events"), ("events.k8s.io", "events"))
 
 
 class GarbageCollector(Controller):
     """Deletes dependents whose owners are gone and finishes orphan/foreground deletions."""
 
     name = "garbage-collector"
+    ignored_resources = IGNORED
 
     def start(self) -> None:
         self._uids: dict[str, tuple[Key, str, str]] = {}
         for key, stored in self.store.iter_all():
+            if key in IGNORED:
+                continue
             meta = stored.obj["metadata"]
             self._uids[meta["uid"]] = (key, meta.get("namespace", ""), meta["name"])
         super().start()
@@ -29,6 +40,8 @@ class GarbageCollector(Controller):
     def initial_keys(self) -> list[Any]:
         keys: list[Any] = []
         for key, stored in self.store.iter_all():
+            if key in IGNORED:
+                continue
             meta = stored.obj["metadata"]
             if meta.get("ownerReferences"):
                 keys.append(("dependent", key, meta.get("namespace", ""), meta["name"]))
@@ -77,7 +90,7 @@ class GarbageCollector(Controller):
     def reconcile(self, key: Any) -> None:
         kind = key[0]
         if kind == "owner-gone":
-            for dep in self.store.dependents(key[1]):
+            for dep in self._dependents(key[1]):
                 self._check_dependent(*dep)
         elif kind == "dependent":
             self._check_dependent(key[1], key[2], key[3])
@@ -93,13 +106,28 @@ class GarbageCollector(Controller):
                             rt, pod["metadata"]["namespace"], pod["metadata"]["name"], grace=0
                         )
 
+    def _dependents(self, uid: str) -> list[tuple[Key, str, str]]:
+        """The dependents of `uid` this collector follows (no Events)."""
+        return [dep for dep in self.store.dependents(uid) if dep[0] not in IGNORED]
+
+    def _ignored_owner(self, ref: dict[str, Any], namespace: str) -> bool:
+        """Whether an owner of an ignored kind (an Event) exists: looked up, not tracked."""
+        if ref.get("kind") != "Event":
+            return False
+        name = str(ref.get("name") or "")
+        for key in IGNORED:
+            found = self.store.peek(key, namespace, name)
+            if found is not None and found.obj["metadata"].get("uid") == ref.get("uid"):
+                return True
+        return False
+
     def _check_dependent(self, key: Key, namespace: str, name: str) -> None:
         stored = self.store.peek(key, namespace, name)
         rt = self._type(key)
         if stored is None or rt is None:
             return
         refs = stored.obj["metadata"].get("ownerReferences") or []
-        alive = [r for r in refs if r.get("uid") in self._uids]
+        alive = [r for r in refs if r.get("uid") in self._uids or self._ignored_owner(r, namespace)]
         if len(alive) == len(refs):
             return
         if alive:
@@ -120,7 +148,7 @@ class GarbageCollector(Controller):
         uid = meta["uid"]
         finalizers = list(meta.get("finalizers") or [])
         if "orphan" in finalizers:
-            for dep_key, dep_ns, dep_name in self.store.dependents(uid):
+            for dep_key, dep_ns, dep_name in self._dependents(uid):
                 dep = self.store.peek(dep_key, dep_ns, dep_name)
                 dep_rt = self._type(dep_key)
                 if dep is None or dep_rt is None:
@@ -135,7 +163,7 @@ class GarbageCollector(Controller):
             finalizers.remove("orphan")
         elif "foregroundDeletion" in finalizers:
             blocking = False
-            for dep_key, dep_ns, dep_name in self.store.dependents(uid):
+            for dep_key, dep_ns, dep_name in self._dependents(uid):
                 dep = self.store.peek(dep_key, dep_ns, dep_name)
                 dep_rt = self._type(dep_key)
                 if dep is None or dep_rt is None:

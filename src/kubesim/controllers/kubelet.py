@@ -57,6 +57,7 @@ from kubesim.streaming.runtime import (
     ExecOutput,
     ExecProcess,
 )
+from kubesim.turns import TURNS
 
 log = logging.getLogger("kubesim.kubelet")
 POD_KEY = ("", "pods")
@@ -434,7 +435,6 @@ class _PodWorker:
         condition: dict[str, Any] = {
             "type": ctype,
             "status": status,
-            "lastProbeTime": None,
             "lastTransitionTime": current["lastTransitionTime"]
             if current is not None and current["status"] == status
             else now(),
@@ -590,12 +590,12 @@ class _PodWorker:
         if not cfg.instant:
             # Instant mode publishes only the settled state (one status write per pod).
             self.mark()
-        await asyncio.sleep(0)  # instant mode has no other pause: let the API server run
+        await TURNS.pause()  # instant mode has no other pause: let the API server run
         await self._mount_volumes()
         await self._prepare_dynamic_resources()
         await self._run_sandbox()
         self.sandbox_ready = True
-        await asyncio.sleep(0)
+        await TURNS.pause()
         restart_policy = spec.get("restartPolicy", "Always")
         for index, container in enumerate(inits):
             status = self.init_statuses[index]
@@ -1772,12 +1772,12 @@ class Kubelet(Controller):
         rt = self.rt("pods")
         deadline = time.perf_counter() + SLICE_SECONDS
         for at, pod_key in enumerate(dirty):
-            if at and time.perf_counter() >= deadline:
+            if at and (time.perf_counter() >= deadline or TURNS.due()):
                 # The API server shares this event loop: the other pods' status writes wait
                 # for its next turn (a thousand pods starting at once took 0.1 s here).
                 self._dirty.update(dirty[at:])
                 self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+                TURNS.call_next_turn(self._flush)
                 return
             worker = self.workers.get(pod_key)
             stored = self.store.peek(POD_KEY, *pod_key)
@@ -1796,8 +1796,14 @@ class Kubelet(Controller):
                 "status": json_copy(status),
             }
             try:
+                # Built in decoded form (see PodWorker.status): the store skips decoding it.
                 self.store.replace(
-                    rt, obj, namespace=pod_key[0], name=pod_key[1], subresource="status"
+                    rt,
+                    obj,
+                    namespace=pod_key[0],
+                    name=pod_key[1],
+                    subresource="status",
+                    trusted=True,
                 )
             except errors.ApiError as exc:
                 log.debug("kubelet status write for %s/%s failed: %s", *pod_key, exc.message)
@@ -1907,7 +1913,7 @@ class Kubelet(Controller):
                 with contextlib.suppress(errors.ApiError):
                     self.ensure_lease(name)
                 if index % 200 == 199:
-                    await asyncio.sleep(0)
+                    await TURNS.pause()
 
     def set_node_ready(self, name: str, ready: bool, *, unreachable: bool = False) -> None:
         """Flip a node's Ready condition and the matching taints; a down node stops its pods."""

@@ -2,13 +2,17 @@
 ones, binds the best, and explains failures with kube-scheduler's FailedScheduling message.
 
 A per-node allocation index (requested resources, pod count, host ports) is kept from pod and node
-events, so an attempt never scans all pods. Unschedulable pods are retried only when something that
-could help happens (a node is added or changes, a pod stops occupying a node), never in a loop.
+events, so an attempt never scans all pods. Unschedulable pods wait as in kube-scheduler's queue:
+each failed attempt backs the pod off (1 s, doubling to 10 s), and a waiting pod is moved back only
+by an event that can make it schedulable (queueing hints: the changed node now passes the pod's
+filters, or a DRA object it waits for changed), or after 5 minutes without one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +42,28 @@ NO_NODES = "no nodes available to schedule pods"
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 # Score weights of the default profile's plugins that kubesim implements.
 WEIGHT_FIT, WEIGHT_BALANCED, WEIGHT_TAINT, WEIGHT_AFFINITY = 1, 1, 3, 2
+# kube-scheduler's queue: podInitialBackoffSeconds, podMaxBackoffSeconds, and how long a pod may
+# wait in unschedulablePods without an event before it is tried again
+# (podMaxInUnschedulablePodsDuration).
+INITIAL_BACKOFF, MAX_BACKOFF = 1.0, 10.0
+MAX_UNSCHEDULABLE_SECONDS = 300.0
+
+
+def backoff_seconds(attempts: int) -> float:
+    """The backoff after `attempts` failed attempts (1 s, 2 s, 4 s, ... at most 10 s)."""
+    if attempts <= 0:
+        return 0.0
+    return min(MAX_BACKOFF, INITIAL_BACKOFF * float(2 ** min(attempts - 1, 16)))
+
+
+@dataclass
+class Waiting:
+    """A pod in unschedulablePods: what rejected it, how often, and until when it backs off."""
+
+    fit: PodFit | None
+    plugins: frozenset[str]
+    attempts: int = 0
+    backoff_until: float = 0.0
 
 
 @dataclass
@@ -245,6 +271,15 @@ class PodFit:
         return least // 2, balanced, taints, affinity
 
 
+def fit_fails(fit: PodFit, info: NodeInfo, rejected: frozenset[str]) -> bool:
+    """Whether the plugins that rejected the pod (`rejected`) still reject it on this one node
+    (a queueing hint's check). As in kube-scheduler, a hint looks only at its own plugin: a pod
+    kept out by a cordon is moved back when the node is uncordoned even if it now lacks the
+    resources (that attempt then records NodeResourcesFit, whose hint waits for allocatable)."""
+    why, _ = fit.filter(info)
+    return any(plugin_of(reason) in rejected for reason in why) if rejected else bool(why)
+
+
 def _prefilter_names(required: dict[str, Any] | None) -> set[str] | None:
     """Node names a required affinity pins the pod to through `matchFields metadata.name In`
     in every term (NodeAffinity's PreFilter), or None when it does not."""
@@ -304,8 +339,12 @@ class Scheduler(Controller):
         super().__init__(store)
         self.nodes: dict[str, NodeInfo] = {}
         self.usage: dict[tuple[str, str], PodUsage] = {}
-        # Waiting pods -> the plugins that rejected them (empty: there were no nodes).
-        self.unschedulable: dict[tuple[str, str], frozenset[str]] = {}
+        # Waiting pods (unschedulablePods) -> what rejected them (no plugins: there were no
+        # nodes); failed attempts per pod, kept until it is bound or gone (its backoff).
+        self.unschedulable: dict[tuple[str, str], Waiting] = {}
+        self.attempts: dict[tuple[str, str], int] = {}
+        # Nodes run through the filters, all attempts together (what the queue saves).
+        self.filter_passes = 0
         self._order: list[str] | None = None
         self._next_start = 0
         self.dra = scheduler_dra.DraPlugin(store)
@@ -420,13 +459,43 @@ class Scheduler(Controller):
             and not spec.get("schedulingGates")
         )
 
-    def _retry_unschedulable(self, changes: frozenset[str]) -> None:
-        """Requeue the waiting pods that a rejection by one of `changes` kept out."""
+    def _retry_unschedulable(self, changes: frozenset[str], node: str = "") -> None:
+        """Move back the waiting pods that a rejection by one of `changes` kept out and that the
+        change can help: with `node`, only those that now pass the filters on that node (the
+        queueing hints of NodeResourcesFit, NodePorts, NodeUnschedulable, TaintToleration and
+        NodeAffinity each look at the one node that changed)."""
         if not changes:
             return
-        for key, rejected in self.unschedulable.items():
-            if EVERYTHING in changes or not rejected or rejected & changes:
-                self.enqueue(key)
+        info = self.nodes.get(node) if node else None
+        for key, waiting in list(self.unschedulable.items()):
+            rejected = waiting.plugins
+            if not (EVERYTHING in changes or not rejected or rejected & changes):
+                continue
+            if (
+                info is not None
+                and info.node is not None
+                and waiting.fit is not None
+                and fit_fails(waiting.fit, info, rejected)
+            ):
+                continue
+            self._requeue(key, waiting)
+
+    def _requeue(self, key: tuple[str, str], waiting: Waiting) -> None:
+        """unschedulablePods -> activeQ, or backoffQ while the pod backs off. As with
+        SchedulerPopFromBackoffQ, a backing-off pod is tried at once when nothing else waits."""
+        left = waiting.backoff_until - time.monotonic()
+        if left <= 0 or not self._pending:
+            self.enqueue(key)
+        else:
+            self._later(key, left)
+
+    def _later(self, key: tuple[str, str], delay: float) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.enqueue(key)  # no event loop (a synchronous caller): no timers either
+            return
+        self.enqueue_after(key, delay)
 
     def on_event(self, event: Event) -> None:
         if event.key in scheduler_dra.KEYS:
@@ -435,20 +504,24 @@ class Scheduler(Controller):
             return
         if event.key == NODE_KEY:
             obj = event.new.obj
+            name = obj["metadata"]["name"]
             if event.type == "DELETED":
-                self._node_changed(None, obj["metadata"]["name"])
+                self._node_changed(None, name)
             else:
-                self._retry_unschedulable(self._node_changed(obj))
+                self._retry_unschedulable(self._node_changed(obj), name)
             return
         if event.key != POD_KEY:
             return
         pod = event.new.obj
         meta = pod["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
+        previous = self.usage.get(key)
         if self._pod_changed(pod, deleted=event.type == "DELETED"):
-            self._retry_unschedulable(FREED)
+            assert previous is not None
+            self._retry_unschedulable(FREED, previous.node)
         if event.type == "DELETED" or not self._wants_scheduling(pod):
             self.unschedulable.pop(key, None)
+            self.attempts.pop(key, None)
             return
         if (
             key in self.unschedulable
@@ -466,6 +539,7 @@ class Scheduler(Controller):
         stored = self.store.peek(POD_KEY, *key)
         if stored is None or not self._wants_scheduling(stored.obj):
             self.unschedulable.pop(key, None)
+            self.attempts.pop(key, None)
             return
         fit = PodFit(stored.obj)
         claims: scheduler_dra.PodClaims | None = None
@@ -475,7 +549,7 @@ class Scheduler(Controller):
             claims = self.dra.pod_claims(stored.obj)
             if claims.waiting:
                 # PreEnqueue: the pod waits (no attempt, no event) until its claims exist.
-                self.unschedulable[key] = frozenset({scheduler_dra.PLUGIN})
+                self.unschedulable[key] = Waiting(None, frozenset({scheduler_dra.PLUGIN}))
                 return
             classes = self.dra.classes()
         order = self.node_order()
@@ -489,6 +563,7 @@ class Scheduler(Controller):
         for offset in range(total):
             info = self.nodes[order[(start + offset) % total]]
             processed += 1
+            self.filter_passes += 1
             why, final = fit.filter(info)
             if not why and claims is not None:
                 assert info.node is not None
@@ -512,10 +587,21 @@ class Scheduler(Controller):
             self._next_start = (start + processed) % total
         if not feasible:
             message = failure_message(total, reasons, resolvable, unresolvable, fit.spec)
-            self.unschedulable[key] = frozenset(plugin_of(r) for r in reasons)
+            attempts = self.attempts[key] = self.attempts.get(key, 0) + 1
+            plugins = frozenset(plugin_of(r) for r in reasons)
+            self.unschedulable[key] = Waiting(
+                # A pod that needs DRA devices is moved back on any node change its filters
+                # pass (the allocator's verdict on that node is not re-checked in a hint).
+                fit,
+                plugins,
+                attempts,
+                time.monotonic() + backoff_seconds(attempts),
+            )
+            self._later(key, MAX_UNSCHEDULABLE_SECONDS)
             self._unschedulable(key, stored, message)
             return
         self.unschedulable.pop(key, None)
+        self.attempts.pop(key, None)
         best = self._best(fit, feasible)
         if claims is not None:
             self.dra.reserve(stored.obj, claims, allocations[best], self._write_claim)

@@ -115,6 +115,20 @@ def wrap(api_version: str, kind: str, raw: bytes) -> bytes:
     )
 
 
+def wrap_parts(api_version: str, kind: str, parts: list[bytes]) -> bytes:
+    """`wrap` of the message made of `parts` joined, with one copy of the bytes (a big list)."""
+    type_meta = wire.string_field(TYPE_META_API_VERSION, api_version) + wire.string_field(
+        TYPE_META_KIND, kind
+    )
+    raw_key = wire.key(UNKNOWN_RAW, wire.LENGTH_DELIMITED)
+    length = wire.encode_varint(sum(len(part) for part in parts))
+    tail = wire.string_field(UNKNOWN_CONTENT_ENCODING, "") + wire.string_field(
+        UNKNOWN_CONTENT_TYPE, ""
+    )
+    head = MAGIC + wire.bytes_field(UNKNOWN_TYPE_META, type_meta) + raw_key + length
+    return b"".join([head, *parts, tail])
+
+
 # ----- objects ------------------------------------------------------------------------------------
 
 
