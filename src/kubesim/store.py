@@ -7,6 +7,7 @@ import base64
 import binascii
 import bisect
 import datetime as dt
+import itertools
 import json
 import random
 import sys
@@ -345,9 +346,22 @@ class Store:
     def scan(self, key: Key, namespace: str | None = None) -> Iterator[Stored]:
         """Objects under a key in (namespace, name) order."""
         data = self.bucket(key)
-        for obj_key in self._sorted_keys(key):
-            if namespace is not None and obj_key[0] != namespace:
-                continue
+        order = self._sorted_keys(key)
+        if namespace is None:
+            for obj_key in order:
+                stored = data.get(obj_key)
+                if stored is not None:
+                    yield stored
+            return
+        if not order:
+            return  # nothing of the kind (the disruption controller's PDBs, mostly)
+        # One namespace's keys are a run of the sorted list: start at it and stop after it
+        # (listeners scan a namespace per event: the disruption controller its PDBs per pod).
+        # The list's own iterator (skipping to the run in C), so a removal during the scan acts
+        # as it did when the scan walked the whole list.
+        for obj_key in itertools.islice(order, bisect.bisect_left(order, (namespace, "")), None):
+            if obj_key[0] != namespace:
+                return
             stored = data.get(obj_key)
             if stored is not None:
                 yield stored

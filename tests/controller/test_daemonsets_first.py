@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from operator_harness import Env, gpu_node, policy
+from waiting import DEADLINE
 
 from gpu_operator.api import keys
 from gpu_operator.controller.runtime import Runtime
@@ -64,6 +65,6 @@ async def test_daemonsets_are_applied_before_the_fleet_is_labelled(
         f"the first DaemonSet was applied after the last of {len(labels)} label patches"
     )
     # Once each: a pass before the watch brought an apply back does not send it again.
-    await env.sim.settle(5)
+    await env.sim.settle(DEADLINE)
     twice = {name: n for name, n in Counter(sent[i] for i in applies).items() if n > 1}
     assert not twice, twice

@@ -167,8 +167,7 @@ class PodFit:
     def __init__(self, pod: dict[str, Any]) -> None:
         self.pod = pod
         self.spec: dict[str, Any] = pod.get("spec") or {}
-        self.requests = scheduling.pod_requests(self.spec)
-        self.non_zero = scheduling.pod_requests(self.spec, non_zero=True)
+        self.requests, self.non_zero = scheduling.pod_requests_and_non_zero(self.spec)
         self.ports = scheduling.host_ports(self.spec)
         self.tolerations: list[dict[str, Any]] = self.spec.get("tolerations") or []
         self.tolerates_unschedulable = any(
@@ -410,12 +409,9 @@ class Scheduler(Controller):
             self._release(key, current)
             freed = True
         if occupying:
+            requests, non_zero = scheduling.pod_requests_and_non_zero(spec)
             usage = PodUsage(
-                meta.get("uid", ""),
-                node,
-                scheduling.pod_requests(spec),
-                scheduling.pod_requests(spec, non_zero=True),
-                scheduling.host_ports(spec),
+                meta.get("uid", ""), node, requests, non_zero, scheduling.host_ports(spec)
             )
             self.usage[key] = usage
             info = self._info(node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Hashable
 from typing import Any
 
 from kubesim import quantity, selectors
@@ -251,6 +252,43 @@ def pod_requests(spec: dict[str, Any], *, non_zero: bool = False) -> dict[str, i
         },
     )
     return {name: value for name, value in total.items() if value}
+
+
+# Pods of a workload share their requests: the scheduler accounts both forms for every bound
+# pod it sees, so they are kept per resource shape (~14 µs a pod before, most of it walking
+# containers without any requests).
+_REQUESTS_MEMO: dict[Hashable, tuple[dict[str, int], dict[str, int]]] = {}
+_MEMO_LIMIT = 4096
+
+
+def _resources_shape(container: dict[str, Any]) -> Hashable:
+    resources = container.get("resources") or {}
+    return (
+        tuple((resources.get("limits") or {}).items()),
+        tuple((resources.get("requests") or {}).items()),
+        container.get("restartPolicy"),
+    )
+
+
+def pod_requests_and_non_zero(spec: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """`pod_requests(spec)` and `pod_requests(spec, non_zero=True)` (fresh dicts), looked up
+    by what they read: each container's limits, requests and restartPolicy, the pod-level
+    requests and the overhead."""
+    try:
+        shape: Hashable = (
+            tuple(_resources_shape(c) for c in spec.get("containers") or ()),
+            tuple(_resources_shape(c) for c in spec.get("initContainers") or ()),
+            tuple(((spec.get("resources") or {}).get("requests") or {}).items()),
+            tuple((spec.get("overhead") or {}).items()),
+        )
+        found = _REQUESTS_MEMO.get(shape)
+    except TypeError:  # a quantity that is not a scalar: nothing to share
+        return pod_requests(spec), pod_requests(spec, non_zero=True)
+    if found is None:
+        if len(_REQUESTS_MEMO) >= _MEMO_LIMIT:
+            _REQUESTS_MEMO.clear()
+        found = _REQUESTS_MEMO[shape] = (pod_requests(spec), pod_requests(spec, non_zero=True))
+    return dict(found[0]), dict(found[1])
 
 
 def node_allocatable(node: dict[str, Any]) -> dict[str, int]:
