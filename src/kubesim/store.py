@@ -66,8 +66,9 @@ def parse_time(value: str) -> dt.datetime:
 
 
 def random_suffix(length: int = 5) -> str:
-    """A name suffix drawn from the alphabet the real server uses for generateName."""
-    return "".join(random.choice(_NAME_CHARS) for _ in range(length))
+    """A name suffix drawn from the alphabet the real server uses for generateName (each
+    character uniformly and independently, as `random.choice` per character would)."""
+    return "".join(random.choices(_NAME_CHARS, k=length))
 
 
 # msgspec (lightkube's JSON codec) encodes about ten times and decodes about twice as fast as
@@ -101,6 +102,17 @@ def _deep(codec: Callable[[], _T]) -> _T:
 # The version (4) and variant (RFC 4122) bits of a random UUID, as uuid.UUID(version=4) sets them.
 _UUID_KEEP = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
 _UUID_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def new_uid_bits() -> int:
+    """A random (version 4) UUID as its 128-bit integer (`format_uid` spells it)."""
+    return random.getrandbits(128) & _UUID_KEEP | _UUID_SET
+
+
+def format_uid(bits: int) -> str:
+    """A UUID's integer in its text form (8-4-4-4-12 lowercase hex digits)."""
+    text = f"{bits:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def new_uid() -> str:
@@ -218,6 +230,138 @@ class LazyStored(Stored):
         self._raw = value
 
 
+class CompactEvent(LazyStored):
+    """A recorder Event kept as its variable fields, its dict and bytes built when read.
+
+    Most recorder Events are never read while a fleet rolls out (ten per pod, a million and more
+    at 20,000 nodes); this form holds about a third of the dict's memory. What repeats across
+    Events (namespace, involved kind and apiVersion, field path, reason, type, source and
+    reporting component) is one shared `shape` tuple; the rest are slots (the source's host,
+    also the reporting instance when there is a reporting component). `obj` is built on each
+    read (the version is immutable, so each build is equal, key order included, to the dict
+    the recorder used to store); `raw` is encoded from it once, then kept (`LazyStored`'s).
+    """
+
+    __slots__ = (
+        "_count",
+        "_created",
+        "_first",
+        "_host",
+        "_last",
+        "_message",
+        "_name",
+        "_obj_name",
+        "_obj_rv",
+        "_obj_uid",
+        "_rv",
+        "_shape",
+        "_uid",
+    )
+
+    # The fields of `shape`, in order.
+    SHAPE = (
+        "namespace",
+        "kind",
+        "apiVersion",
+        "objectNamespace",
+        "fieldPath",
+        "reason",
+        "type",
+        "component",
+        "reportingComponent",
+    )
+
+    def __init__(
+        self,
+        shape: tuple[str, ...],
+        host: str,
+        name: str,
+        obj_name: str,
+        obj_uid: str,
+        obj_rv: str,
+        message: str,
+        first: str,
+        last: str,
+        count: int,
+    ) -> None:
+        self._shape = shape
+        self._host = host
+        self._name = name
+        self._obj_name = obj_name
+        self._obj_uid = obj_uid
+        self._obj_rv = obj_rv
+        self._message = message
+        self._first = first
+        self._last = last
+        self._count = count
+        self._uid = 0
+        self._created = ""
+        self._rv = 0
+        self._raw = None
+        self._depth = None
+        self.proto = None
+        self.row = None
+
+    @property
+    def namespace(self) -> str:
+        """The Event's namespace."""
+        return self._shape[0]
+
+    @property
+    def name(self) -> str:
+        """The Event's name."""
+        return self._name
+
+    @property
+    def message(self) -> str:
+        """The Event's message."""
+        return self._message
+
+    @property
+    def obj(self) -> dict[str, Any]:  # type: ignore[override]
+        """The Event as a dict (built on each read; callers must not mutate it)."""
+        (namespace, kind, api_version, obj_namespace, field_path, reason, event_type,
+         component, reporting_component) = self._shape  # fmt: skip
+        host = self._host
+        involved: dict[str, Any] = {
+            "kind": kind,
+            "name": self._obj_name,
+            "uid": self._obj_uid,
+            "apiVersion": api_version,
+            "resourceVersion": self._obj_rv,
+        }
+        if obj_namespace:
+            involved["namespace"] = obj_namespace
+        if field_path:
+            involved["fieldPath"] = field_path
+        metadata: dict[str, Any] = {"name": self._name, "namespace": namespace}
+        if self._uid:
+            metadata["uid"] = format_uid(self._uid)
+            metadata["creationTimestamp"] = self._created
+        if self._rv:
+            metadata["resourceVersion"] = str(self._rv)
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": metadata,
+            "involvedObject": involved,
+            "reason": reason,
+            "message": self._message,
+            "type": event_type,
+            "source": {"component": component, "host": host} if host else {"component": component},
+            "firstTimestamp": self._first,
+            "lastTimestamp": self._last,
+            "count": self._count,
+            "reportingComponent": reporting_component,
+            "reportingInstance": host if reporting_component else "",
+        }
+
+    @property
+    def rv(self) -> int:
+        """The resourceVersion as an integer."""
+        return self._rv
+
+
 class Event(NamedTuple):
     """A committed change: ADDED, MODIFIED or DELETED, with the previous version for MODIFIED."""
 
@@ -319,6 +463,11 @@ class Store:
         # Per resource key, the listeners its commits call (built on first use, dropped on any
         # subscribe or unsubscribe): a commit does one lookup, not a filter over every listener.
         self._fanout: dict[Key, tuple[Listener, ...]] = {}
+        # Listeners of every kind's deletions only (but the kinds each ignores), and per key
+        # the listeners its deletions call (built and dropped as `_fanout`).
+        self._deletion_listeners: list[tuple[Listener, frozenset[Key]]] = []
+        self._keyed_deletion_listeners: dict[Key, list[Listener]] = {}
+        self._deletion_fanout: dict[Key, tuple[Listener, ...]] = {}
         self._dependents: dict[str, set[tuple[Key, str, str]]] = {}
         # Side effects of the real storage layer for some kinds (Service IP and node-port
         # allocation, Job selectors, HPA defaults, pod priority), run on create (old None) and
@@ -341,7 +490,8 @@ class Store:
 
     def peek(self, key: Key, namespace: str, name: str) -> Stored | None:
         """The stored version of an object, without copying (callers must not mutate it)."""
-        return self.bucket(key).get((namespace, name))
+        data = self._data.get(key)  # `bucket` inlined: listeners peek several times a commit
+        return None if data is None else data.get((namespace, name))
 
     def scan(self, key: Key, namespace: str | None = None) -> Iterator[Stored]:
         """Objects under a key in (namespace, name) order."""
@@ -372,31 +522,41 @@ class Store:
         keys: Iterable[Key] | None = None,
         *,
         ignore: Iterable[Key] = (),
+        deletions_only: bool = False,
     ) -> Callable[[], None]:
         """Call `listener` synchronously for every committed event (only those of `keys` when
         given: most controllers read a few kinds, and Events alone are most writes at scale;
-        with `keys` None, every kind but those in `ignore`); returns an unsubscribe."""
+        with `keys` None, every kind but those in `ignore`); returns an unsubscribe.
+
+        `deletions_only`: only DELETED events (of `keys`, or with `keys` None of every kind but
+        those in `ignore`): the namespace controller's of every kind, the Deployment
+        controller's of pods; the creates and updates of those kinds then call nothing of it."""
         self._fanout.clear()
+        self._deletion_fanout.clear()
         if keys is None:
             entry = (listener, frozenset(ignore))
-            self._listeners.append(entry)
+            entries = self._deletion_listeners if deletions_only else self._listeners
+            entries.append(entry)
 
             def unsubscribe_all() -> None:
-                if entry in self._listeners:
-                    self._listeners.remove(entry)
+                if entry in entries:
+                    entries.remove(entry)
                     self._fanout.clear()
+                    self._deletion_fanout.clear()
 
             return unsubscribe_all
         chosen = tuple(keys)
+        keyed = self._keyed_deletion_listeners if deletions_only else self._keyed_listeners
         for key in chosen:
-            self._keyed_listeners.setdefault(key, []).append(listener)
+            keyed.setdefault(key, []).append(listener)
 
         def unsubscribe() -> None:
             for key in chosen:
-                listeners = self._keyed_listeners.get(key)
+                listeners = keyed.get(key)
                 if listeners is not None and listener in listeners:
                     listeners.remove(listener)
             self._fanout.clear()
+            self._deletion_fanout.clear()
 
         return unsubscribe
 
@@ -410,6 +570,19 @@ class Store:
             )
         return found
 
+    def _deletion_listeners_of(self, key: Key) -> tuple[Listener, ...]:
+        """The listeners a deletion under `key` calls: those of every kind, then those of
+        every kind's deletions, then those of `key`, then those of its deletions."""
+        found = self._deletion_fanout.get(key)
+        if found is None:
+            found = self._deletion_fanout[key] = (
+                *(listener for listener, ignored in self._listeners if key not in ignored),
+                *(each for each, ignored in self._deletion_listeners if key not in ignored),
+                *self._keyed_listeners.get(key, ()),
+                *self._keyed_deletion_listeners.get(key, ()),
+            )
+        return found
+
     def dependents(self, uid: str) -> list[tuple[Key, str, str]]:
         """Objects whose ownerReferences name `uid`."""
         return sorted(self._dependents.get(uid, ()))
@@ -419,6 +592,11 @@ class Store:
     ) -> None:
         if old is None and obj is not None and not obj["metadata"].get("ownerReferences"):
             return  # a new object without owners (most creates: every Event)
+        if obj is not None and old is not None:
+            refs = obj["metadata"].get("ownerReferences")
+            before = old["metadata"].get("ownerReferences")
+            if refs is before or refs == before:
+                return  # most updates (status writes share the stored metadata's values)
         entry_new = set()
         entry_old = set()
         if obj is not None:
@@ -486,28 +664,38 @@ class Store:
             self._index_owners(rt.key, None, old.obj if old else obj)
         else:
             if obj_key not in data and order is not None:
-                # Kept sorted (no full sort on the next list): appended when it sorts last,
-                # else merged at the next read.
-                if not order or obj_key > order[-1]:
-                    order.append(obj_key)
-                else:
-                    self._unsorted.setdefault(rt.key, {})[obj_key] = None
+                self._add_to_order(rt.key, order, obj_key)
             data[obj_key] = stored
             self._index_owners(rt.key, obj, old.obj if old else None)
-        key = rt.key
-        event = Event(self._rv, event_type, key, stored, old)
+        self._publish(Event(self._rv, event_type, rt.key, stored, old))
+        return stored
+
+    def _add_to_order(self, key: Key, order: list[ObjKey], obj_key: ObjKey) -> None:
+        """A new object's key in its kind's sorted keys (no full sort on the next list):
+        appended when it sorts last, else merged at the next read."""
+        if not order or obj_key > order[-1]:
+            order.append(obj_key)
+        else:
+            self._unsorted.setdefault(key, {})[obj_key] = None
+
+    def _publish(self, event: Event) -> None:
+        """A committed change into the watch history, to the watchers and the listeners."""
         self._history.append(event)
         if len(self._history) > self._history_limit:
             self.compacted_rv = self._history.popleft().rv
+        key = event.key
         watchers = self._watchers.get(key)
         if watchers:
             for watcher in tuple(watchers):
                 watcher.offer(event)
         if key == CRD_KEY:
             self._crd_changed(event)
-        for listener in self._listeners_of(key):
-            listener(event)
-        return stored
+        if event.type == "DELETED":
+            for listener in self._deletion_listeners_of(key):
+                listener(event)
+        else:
+            for listener in self._listeners_of(key):
+                listener(event)
 
     def _crd_changed(self, event: Event) -> None:
         name = event.new.obj["metadata"]["name"]
@@ -720,6 +908,40 @@ class Store:
         # six-byte escapes cannot reach the limit, the bytes wait until something reads them.
         lazy = 6 * len(obj.get("message") or "") + _EVENT_SLACK <= request_limits.MAX_OBJECT_BYTES
         return self.commit("ADDED", rt, obj, None, lazy=lazy)
+
+    def insert_compact_event(self, rt: ResourceType, event: CompactEvent) -> Stored:
+        """`insert_event` for an Event in compact form: the same checks, uid and creation time,
+        then what `commit("ADDED", ...)` does for a new object without owners (the next
+        resourceVersion, the kind's index and order, history, watchers, listeners: the last two
+        steps are `commit`'s own), keeping the compact form, which takes its resourceVersion here.
+        An Event whose message could reach the size limit takes `insert_event` as a dict (the
+        size check needs its bytes)."""
+        if 6 * len(event._message) + _EVENT_SLACK > request_limits.MAX_OBJECT_BYTES:
+            return self.insert_event(rt, event.obj)
+        obj_key = (event._shape[0], event._name)
+        namespaces = self._data.get(NAMESPACE_KEY)
+        ns = namespaces.get(("", obj_key[0])) if namespaces is not None else None
+        if ns is None or ns.obj["metadata"].get("deletionTimestamp"):
+            self._require_namespace(rt, obj_key[0])  # raises (missing or terminating)
+        key = rt.key
+        data = self._data.get(key)
+        if data is None:
+            data = self.bucket(key)
+        elif obj_key in data:
+            raise errors.already_exists(rt.plural, rt.group, event._name)
+        event._uid = new_uid_bits()
+        event._created = now()
+        self._rv += 1
+        rv = event._rv = self._rv
+        index = self._indexes.get(key)
+        if index is not None:
+            index.add(obj_key, event.obj)
+        order = self._sorted.get(key)
+        if order is not None:
+            self._add_to_order(key, order, obj_key)
+        data[obj_key] = event
+        self._publish(Event(rv, "ADDED", key, event, None))
+        return event
 
     def replace(
         self,

@@ -243,13 +243,19 @@ class _PodCache:
             self.memo.pods.changed(key, old, None)
 
 
-def test_event_fed_passes_answer_what_a_full_walk_answers_on_random_changes() -> None:
+@pytest.mark.parametrize("by_cache", [False, True])
+def test_event_fed_passes_answer_what_a_full_walk_answers_on_random_changes(
+    by_cache: bool,
+) -> None:
     """Random pod and node changes (problems come and go, pods are scheduled, deleted, added
-    again; nodes change labels, leave and come back): after each batch the incremental pass,
-    which regroups only the nodes whose pods changed, gives exactly a full walk's verdicts."""
+    again; nodes change labels, leave and come back; the policy's view changes now and then):
+    after each batch the incremental pass, which regroups only the nodes whose pods changed,
+    gives exactly a full walk's verdicts. `by_cache`: the pass is given the node cache itself
+    (name -> node), as the ClusterPolicy reconciler does, and skips unchanged nodes by key."""
     import random
 
     rng = random.Random(32)
+    views = (VIEW, VIEW, VIEW, explain.PolicyView(driver=False))
     nodes, start = fleet(30)
     memo = NodeVerdicts()
     cache = _PodCache(memo)
@@ -278,9 +284,11 @@ def test_event_fed_passes_answer_what_a_full_walk_answers_on_random_changes() ->
                 nodes.pop(node, None)
             else:
                 nodes[node] = gpu_node(node)
-        got = memo.verdicts(nodes.values(), None, VIEW)
-        assert got == full_walk(nodes, cache.objects, VIEW)
-        assert memo.worst(nodes.values(), None, VIEW) == explain.worst(got)
+        view = rng.choice(views)
+        source = nodes if by_cache else nodes.values()
+        got = memo.verdicts(source, None, view)
+        assert got == full_walk(nodes, cache.objects, view)
+        assert memo.worst(source, None, view) == explain.worst(got)
         assert not memo.pods.dirty
 
 

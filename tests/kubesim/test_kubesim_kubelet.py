@@ -735,3 +735,199 @@ async def test_status_writes_of_many_pods_give_the_loop_a_turn_every_slice(
         )
     assert max(waiting for waiting, _ in flushes) > 1  # several pods settled together
     assert max(written for _, written in flushes) == 1
+
+
+# ----- per-pod cost ------------------------------------------------------------------------------
+
+
+def _statuses(sim: kubesim.Cluster, name: str) -> list[dict[str, Any]]:
+    return list((get(sim, name).get("status") or {}).get("containerStatuses") or [])
+
+
+def _worker_tasks() -> list[str]:
+    """The pending tasks that run a kubelet pod worker's coroutines."""
+    names = []
+    for task in asyncio.all_tasks():
+        coro = task.get_coro()
+        qualname = getattr(coro, "__qualname__", "")
+        if qualname.startswith("_PodWorker.") or "_container_loop" in repr(coro):
+            names.append(qualname)
+    return names
+
+
+async def test_containers_without_a_program_keep_no_coroutine_until_the_pod_stops() -> None:
+    """A container with nothing to run (no runner, program, stdin or command that ends) used
+    to keep a waiting coroutine chain, a task and futures per container for the pod's life:
+    hundreds of megabytes at 20,000 nodes. It is parked instead and runs as before: its
+    instance stays running (exec and logs use it; test_kubesim_programs execs into such
+    containers), it is ready, and stopping the pod ends it as the cancelled wait did."""
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
+        for index in range(5):
+            sim.store.create(
+                pod(
+                    f"idle-{index}",
+                    {"name": "main", "image": "example/app:1"},
+                    {"name": "side", "image": "example/app:1"},
+                    initContainers=[{"name": "setup", "image": "example/setup:1"}],
+                )
+            )
+        sim.store.create(pod("single"))
+        names = [*(f"idle-{i}" for i in range(5)), "single"]
+        await eventually(
+            lambda: all(
+                phase(sim, n) == "Running" and all(s["ready"] for s in _statuses(sim, n))
+                for n in names
+            ),
+            "every pod Running and ready",
+        )
+        await sim.settle(timeout=DEADLINE)
+        assert _worker_tasks() == []
+        runtime = sim.kubelet.runtime
+        uid = get(sim, "idle-0")["metadata"]["uid"]
+        instances = [runtime.current(uid, name) for name in ("setup", "main", "side")]
+        assert [i.running if i is not None else None for i in instances] == [False, True, True]
+        assert [list(s["state"]) for s in _statuses(sim, "idle-0")] == [["running"], ["running"]]
+        # Stopping the pod ends its parked containers, as cancelling their wait did.
+        sim.store.delete("pods", "idle-0", "default")
+        await sim.wait_for(
+            lambda: sim.store.get("pods", "idle-0", "default") is None, DEADLINE, "gone"
+        )
+        assert [i.running if i is not None else None for i in instances] == [False, False, False]
+        assert all(i is not None and i.log.closed for i in instances)
+        assert [e["message"] for e in events(sim, "idle-0", "Killing")] == [
+            "Stopping container main",
+            "Stopping container side",
+        ]
+
+
+async def test_a_parked_container_leaves_its_pod_running_when_another_one_ends(
+    sim: kubesim.Cluster,
+) -> None:
+    """With delays (FAST): the parked container still becomes ready after `ready_delay`, and
+    the pod stays Running when its other container completes (restartPolicy Never), as it did
+    while a coroutine waited for the parked one."""
+
+    async def finishes(ctx: PodContext) -> int:
+        return 0
+
+    sim.register_pod_runner(finishes, image="example/job")
+    sim.store.create(
+        pod(
+            "mixed",
+            {"name": "job", "image": "example/job:1"},
+            {"name": "idle", "image": "example/app:1"},
+            restartPolicy="Never",
+        )
+    )
+    await eventually(
+        lambda: (
+            [tuple(s["state"]) for s in _statuses(sim, "mixed")] == [("terminated",), ("running",)]
+        ),
+        "job terminated, idle running",
+        state=lambda: _statuses(sim, "mixed"),
+    )
+    await eventually(
+        lambda: _statuses(sim, "mixed")[1]["ready"],
+        "idle ready",
+        state=lambda: _statuses(sim, "mixed"),
+    )
+    await sim.settle(timeout=DEADLINE)
+    assert phase(sim, "mixed") == "Running"
+    assert _worker_tasks() == []
+
+
+async def test_status_writes_never_change_a_stored_pod_afterwards() -> None:
+    """The kubelet's status writes share the states and conditions it only ever replaces with
+    the stored pod instead of deep-copying them: every stored version keeps the JSON it was
+    committed with, through restarts, readiness changes and the pod's end."""
+    seen: list[tuple[Any, bytes]] = []
+    attempts = 0
+
+    async def flaky(ctx: PodContext) -> int:
+        nonlocal attempts
+        attempts += 1
+        ctx.set_ready(True)
+        await asyncio.sleep(0.01)
+        ctx.set_ready(False)
+        ctx.write_termination_message(f"attempt {attempts}")
+        return 1 if attempts < 3 else 0
+
+    config = KubeletConfig(
+        instant=True, lease_interval=None, restart_delay=0.01, restart_delay_max=0.02
+    )
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=config) as sim:
+        from kubesim.store import dumps
+
+        def record(event: Any) -> None:
+            if event.key == ("", "pods"):
+                seen.append((event.new, dumps(event.new.obj)))
+
+        sim.store.subscribe(record)
+        sim.register_pod_runner(flaky, image="example/flaky", reports_readiness=True)
+        sim.store.create(
+            pod(
+                "restarts",
+                {"name": "flaky", "image": "example/flaky:1"},
+                {"name": "idle", "image": "example/app:1"},
+                restartPolicy="OnFailure",
+                initContainers=[{"name": "setup", "image": "example/setup:1"}],
+            )
+        )
+        sim.store.create(pod("neighbour"))  # same node: shares the hostIPs list
+        await eventually(
+            lambda: (
+                [
+                    s["state"].get("terminated", {}).get("exitCode")
+                    for s in _statuses(sim, "restarts")
+                ]
+                == [0, None]
+            ),
+            "flaky completed after two restarts",
+            state=lambda: _statuses(sim, "restarts"),
+        )
+        assert _statuses(sim, "restarts")[0]["restartCount"] == 2
+        sim.store.delete("pods", "restarts", "default")
+        await sim.wait_for(
+            lambda: sim.store.get("pods", "restarts", "default") is None, DEADLINE, "gone"
+        )
+        await sim.settle(timeout=DEADLINE)
+    modified = [raw for stored, raw in seen if dumps(stored.obj) != raw]
+    assert len(seen) > 8
+    assert modified == []
+
+
+async def test_status_writes_do_not_requeue_the_pods_they_describe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each status write to a running pod (the kubelet's own, mostly) used to requeue it for a
+    reconcile that found nothing to do; now only changes the kubelet acts on do: labels and
+    annotations, ephemeral containers, deletion."""
+    from kubesim.controllers import kubelet as kubelet_module
+
+    reconciled: list[Any] = []
+    reconcile = kubelet_module.Kubelet.reconcile
+
+    def recording(self: kubelet_module.Kubelet, key: Any) -> None:
+        if key[0] == "pod":
+            reconciled.append(key[2])
+        reconcile(self, key)
+
+    monkeypatch.setattr(kubelet_module.Kubelet, "reconcile", recording)
+    async with kubesim.Cluster(images=TEST_IMAGES, nodes=1, kubelet=instant()) as sim:
+        sim.store.create(pod("server", {"name": "a", "image": "example/app:1"},
+                             {"name": "b", "image": "example/app:1"}))  # fmt: skip
+        await until_phase(sim, "server", "Running")
+        await sim.settle(timeout=DEADLINE)
+        assert reconciled == ["server"]  # created; its status writes requeue nothing
+        sim.store.patch("pods", "server", {"metadata": {"labels": {"tier": "web"}}}, "default")
+        await sim.settle(timeout=DEADLINE)
+        assert reconciled == ["server", "server"]
+        sim.store.delete("pods", "server", "default")
+        await sim.wait_for(
+            lambda: sim.store.get("pods", "server", "default") is None, DEADLINE, "gone"
+        )
+        assert reconciled[2:3] == ["server"]
+        assert [e["message"] for e in events(sim, "server", "Killing")] == [
+            "Stopping container a",
+            "Stopping container b",
+        ]

@@ -12,7 +12,7 @@ import pytest
 from kubesim import errors
 from kubesim.controllers.events import EventRecorder
 from kubesim.request_limits import MAX_OBJECT_BYTES
-from kubesim.store import LazyStored, Store, Stored, dumps
+from kubesim.store import CompactEvent, Store, Stored, dumps
 
 EVENTS = ("", "events")
 
@@ -52,7 +52,7 @@ def test_lean_recorder_events_encode_on_first_read_with_the_eager_bytes() -> Non
             )
     stored = sorted(store.bucket(EVENTS).values(), key=lambda s: s.rv)
     assert len(stored) == 4
-    lean = [s for s in stored if isinstance(s, LazyStored)]
+    lean = [s for s in stored if isinstance(s, CompactEvent)]
     assert len(lean) == 2  # the second of each shape
     for version in lean:
         assert version._raw is None  # nothing has read it yet

@@ -169,3 +169,22 @@ def test_labelling_a_node_the_upgrade_changed_is_part_of_it() -> None:
 
 def test_nothing_to_report_is_ready() -> None:
     assert rollout.judge([Workload("x")], Upgrade(enabled=True), driver=True).kind == "ready"
+
+
+def test_an_upgrade_view_works_out_its_node_lists_once() -> None:
+    """A status pass asks a view for its nodes under way and queued once per pod issue
+    (thousands while a rollout goes on, issue 32): each list is sorted once per view."""
+    upgrade = Upgrade(
+        {f"gpu-{i}": states.DRAIN_REQUIRED if i % 2 else states.UPGRADE_REQUIRED
+         for i in range(1000)},
+        enabled=True,
+    )  # fmt: skip
+    assert upgrade.under_way is upgrade.under_way
+    assert upgrade.queued is upgrade.queued
+    assert upgrade.failed is upgrade.failed
+    assert upgrade.moving == frozenset(upgrade.under_way)
+    assert upgrade.waiting == frozenset(upgrade.queued)
+    issues = tuple(Issue(f"gpu-{i}", "driver pod restarting", outdated=True) for i in range(1000))
+    verdict = rollout.judge([Workload("nvidia-driver-daemonset", "not ready", issues=issues,
+                                      driver=True)], upgrade, driver=True)  # fmt: skip
+    assert verdict.kind == "progress"

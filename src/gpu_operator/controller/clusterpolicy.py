@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from gpu_operator import api
 from gpu_operator.api import crds as crd_schema
@@ -128,8 +128,10 @@ def cluster_facts(rt: Runtime) -> ClusterFacts:
     crds = caches[CRDS].objects
     config_maps = caches.owned("v1", "ConfigMap")
     maps = config_maps.objects.values() if config_maps is not None else []
-    return facts_mod.from_nodes(
-        caches[NODES].objects.values(),
+    fold = rt.node_facts
+    fold.sync(caches[NODES].objects)
+    return facts_mod.from_fold(
+        fold,
         namespace=rt.settings.namespace,
         operator_env=rt.settings.operator_env,
         has_servicemonitor_crd=SERVICEMONITOR_CRD in crds,
@@ -137,8 +139,14 @@ def cluster_facts(rt: Runtime) -> ClusterFacts:
         config_map_keys={cm["metadata"]["name"]: tuple(cm["keys"]) for cm in maps},
         config_map_data={cm["metadata"]["name"]: cm["data"] for cm in maps if cm.get("data")},
         startup_toleration=taint.toleration() if (taint := rt.settings.startup_taint) else None,
-        cached=True,
     )
+
+
+def upgrade_fold(rt: Runtime) -> facts_mod.UpgradeFold:
+    """The node cache's upgrade facts (kept from its events), in step with the cache."""
+    fold = rt.upgrade_nodes
+    fold.sync(rt.caches[NODES].objects)
+    return fold
 
 
 def index_by_owner(
@@ -277,6 +285,7 @@ class ClusterPolicyReconciler(Reconciler):
         # The node chain's verdicts the status's worst node comes from, per node (memoized).
         self._verdicts = NodeVerdicts()
         self._owners = PodsByOwner()  # the pod cache by owner uid, from its events
+        self._labelling_issues: dict[str, rollout.Issue] = {}  # the last pass's, by node
         self._gpu_nodes = 0  # GPU nodes the last pass saw (none: no DaemonSet was applied)
         # What each object was last applied as (its content hash) over which cached object: a
         # pass before the watch brings the write back does not send it again. Trusted for
@@ -484,9 +493,12 @@ class ClusterPolicyReconciler(Reconciler):
         self._edits_reported = edits_reported
         if pending:
             shown = labelling.pending_message(*self._by_gpu(pending))
+            # One Issue per pending node, made when it starts pending, not on every pass.
+            known = self._labelling_issues
+            issues = tuple(known.get(n) or rollout.Issue(n, "labelling") for n in pending)
+            self._labelling_issues = {issue.node: issue for issue in issues}
             relabel = rollout.Workload(
-                "node-labelling", shown, labelling=True,
-                issues=tuple(rollout.Issue(n, "labelling") for n in pending),
+                "node-labelling", shown, labelling=True, issues=issues,
             )  # fmt: skip
             judged = rollout.judge([relabel], self.upgrade_view(every_owner=True))
             labels_report = summary.StateReport(
@@ -579,7 +591,7 @@ class ClusterPolicyReconciler(Reconciler):
             # Filled without its events (a cache set up by hand): index the whole cache again.
             self._verdicts.pods.reset(pods)
         worst = self._verdicts.worst(
-            self.caches[NODES].objects.values(), None, view,
+            self.caches[NODES].objects, None, view,
             sources.dra_slice_objects if sources is not None else None,
         )  # fmt: skip
         return worst.message() if worst is not None else ""
@@ -587,14 +599,15 @@ class ClusterPolicyReconciler(Reconciler):
     def preinstalled_drivers(self) -> tuple[str, ...]:
         """GPU nodes whose host runs its own driver while the policy installs drivers."""
         policy = self.nodes.label_policy
+        if policy is None or not policy.driver:
+            return ()  # `labelling.preinstalled_conflict`: no conflict without our driver
+        fold = self.rt.node_labels
+        fold.sync(self.caches[NODES].objects)
         names = (
-            str((node.get("metadata") or {}).get("name"))
-            for node in self.caches[NODES].objects.values()
-            if labelling.preinstalled_conflict(
-                (node.get("metadata") or {}).get("labels") or {}, policy
-            )
+            name
+            for name in fold.preinstalled.values()
             # The coexistence detector's own `pre-installed` is reported as its finding.
-            and not self.nodes.coexist_adapted((node.get("metadata") or {}).get("name"))
+            if not self.nodes.coexist_adapted(name)
         )
         return tuple(sorted(names))
 
@@ -756,18 +769,20 @@ class ClusterPolicyReconciler(Reconciler):
         active = self.active_policy()
         enabled = active is not None and upgrades_enabled(active, self._upgrades_enabled)
         return upgrade_view(
-            self.caches[NODES].objects.values(), owner=None, enabled=enabled,
-            every_owner=every_owner, cached=True,
+            (), owner=None, enabled=enabled, every_owner=every_owner,
+            fold=upgrade_fold(self.rt),
         )  # fmt: skip
 
     def _by_gpu(self, names: Iterable[str]) -> tuple[list[str], list[str]]:
         """The nodes NFD found an NVIDIA GPU on, and the others (from the node cache)."""
         gpu: list[str] = []
         other: list[str] = []
+        fold = self.rt.node_labels
+        fold.sync(self.caches[NODES].objects)
+        read = fold.values.get
         for name in names:
-            node = self.caches[NODES].objects.get(name) or {}
-            labels = (node.get("metadata") or {}).get("labels") or {}
-            (gpu if labelling.has_gpu(labels) else other).append(name)
+            found = read(name)
+            (gpu if found is not None and found.nfd_gpu else other).append(name)
         return gpu, other
 
     def _readiness(
@@ -798,9 +813,12 @@ class ClusterPolicyReconciler(Reconciler):
                 workloads.append(rollout.Workload(name, f"{name}: not created yet", driver=driver))
                 continue
             pods, revisions = by_owner.get(str(live["metadata"].get("uid")), ([], []))
-            verdict = readiness.daemonset_readiness(live, pods, revisions)
+            # The pods-by-owner index picked them by this DaemonSet's uid already.
+            verdict = readiness.daemonset_readiness(live, pods, revisions, owned=True)
             if not verdict.ready:
-                workloads.append(workload(live, verdict, pods, revisions, driver=driver))
+                workloads.append(
+                    workload(live, verdict, pods, revisions, driver=driver, owned=True)
+                )
         judged = rollout.judge(workloads, upgrade, driver=driver)
         if judged.kind == "ready":
             return report
@@ -930,6 +948,7 @@ def workload(
     revisions: list[dict[str, Any]],
     *,
     driver: bool,
+    owned: bool = False,
 ) -> rollout.Workload:
     """A not-ready DaemonSet as status/rollout.py judges it: whether a new spec of it is rolling
     out (it was updated, not created: generation above 1, and its controller has not caught up
@@ -949,7 +968,7 @@ def workload(
             restarts=issue.pod.restarts,
             outdated=issue.outdated,
         )
-        for issue in readiness.pod_issues(dict(live), pods, revisions)
+        for issue in readiness.pod_issues(dict(live), pods, revisions, owned=owned)
     )
     return rollout.Workload(
         name, verdict.reason or f"{name}: not ready", updating=generation > 1 and lagging,
@@ -971,34 +990,8 @@ def upgrades_enabled(obj: Mapping[str, Any], memo: dict[str, tuple[str, bool]]) 
     return found[1]
 
 
-class _UpgradeFacts(NamedTuple):
-    """What the upgrade view reads of one node."""
-
-    name: str
-    owner: str | None
-    skip: bool
-    state: str
-    failure: str
-
-
-def _upgrade_facts(node: Mapping[str, Any]) -> _UpgradeFacts:
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    state = str(labels.get(keys.UPGRADE_STATE) or "")
-    failure = ""
-    if state == upgrade_states.UPGRADE_FAILED:
-        failure = str((meta.get("annotations") or {}).get(upgrade_states.FAILURE, ""))
-    return _UpgradeFacts(
-        str(meta.get("name")),
-        labels.get(keys.DRIVER_OWNER) or None,
-        labels.get(keys.UPGRADE_SKIP) == "true",
-        state,
-        failure,
-    )
-
-
 # Status passes read every node's upgrade labels several times a pass (node cache objects).
-_upgrade_facts_of = facts_mod.PerNode(_upgrade_facts)
+_upgrade_facts_of = facts_mod.PerNode(facts_mod.upgrade_facts)
 
 
 def upgrade_view(
@@ -1008,6 +1001,7 @@ def upgrade_view(
     enabled: bool,
     every_owner: bool = False,
     cached: bool = False,
+    fold: facts_mod.UpgradeFold | None = None,
 ) -> rollout.Upgrade:
     """Where the driver nodes of one owner stand in the upgrade, from their state labels: the
     ClusterPolicy's (`owner` None: nodes without an NVIDIADriver owner label) or one
@@ -1015,11 +1009,18 @@ def upgrade_view(
     on a node whose driver is replaced, whichever owns it). Nodes labelled to skip upgrades are
     set apart (upstream's status leaves them out). `enabled`: the owner's upgrades run
     (autoUpgrade on, a usable upgrade policy). `cached`: the nodes are node cache objects
-    (replaced on change, never edited in place): each is read once (`facts.PerNode`)."""
+    (replaced on change, never edited in place): each is read once (`facts.PerNode`). `fold`:
+    the node cache's `facts.UpgradeFold`, in step with `nodes` (only its marked nodes count)."""
     found: dict[str, str] = {}
     failures: dict[str, str] = {}
     skipped: set[str] = set()
-    for node in _upgrade_facts_of(nodes) if cached else map(_upgrade_facts, nodes):
+    if fold is not None:
+        read: Iterable[facts_mod.UpgradeFacts] = fold.marked.values()
+    elif cached:
+        read = _upgrade_facts_of(nodes)
+    else:
+        read = map(facts_mod.upgrade_facts, nodes)
+    for node in read:
         if not every_owner and node.owner != owner:
             continue
         if node.skip:

@@ -10,6 +10,7 @@ from gpu_operator.api import keys
 from gpu_operator.nodes import labelling
 from gpu_operator.operands import config_manager
 from gpu_operator.operands.facts import ClusterFacts, Runtime
+from gpu_operator.upgrade import states as upgrade_states
 
 
 def runtime_of(node: Mapping[str, Any]) -> Runtime | None:
@@ -83,6 +84,184 @@ def _node_facts(node: Mapping[str, Any]) -> _NodeFacts:
 _node_facts_of = PerNode(_node_facts)
 
 
+class Folded(Generic[T]):
+    """`read(node)` for each node of the node cache, kept from the cache's events (`changed`,
+    as the informer calls its handlers: old None for an addition, new None for a deletion), so
+    that a status pass reads what it folds instead of walking every node (`PerNode` still
+    looked at each node of the cache on each call: thousands, several times a pass).
+
+    Subclasses keep their aggregates up to date in `_add` and `_drop`. `sync(objects)` rebuilds
+    everything when the cache was filled without events (set up by hand: the sizes differ)."""
+
+    def __init__(self, read: Callable[[Mapping[str, Any]], T]) -> None:
+        self._read = read
+        self.values: dict[str, T] = {}
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def changed(
+        self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        before = self.values.pop(key, None) if new is None else self.values.get(key)
+        if before is not None:
+            self._drop(before)
+        if new is not None:
+            after = self._read(new)
+            self.values[key] = after
+            self._add(after)
+
+    def sync(self, objects: Mapping[str, Mapping[str, Any]]) -> None:
+        """Rebuild from the whole cache unless the events kept this in step with it."""
+        if len(self.values) == len(objects):
+            return
+        self.values = {}
+        self._clear()
+        for key, obj in objects.items():
+            self.changed(key, None, obj)
+
+    def _add(self, value: T) -> None:
+        """`value` joined."""
+
+    def _drop(self, value: T) -> None:
+        """`value` left."""
+
+    def _clear(self) -> None:
+        """Nothing is held."""
+
+
+def _count(counter: Counter[Any], value: Any, by: int) -> None:
+    left = counter[value] + by
+    if left > 0:
+        counter[value] = left
+    else:
+        del counter[value]
+
+
+class FactsFold(Folded[_NodeFacts]):
+    """What `from_nodes` counts over the node cache, kept from its events (`from_fold`)."""
+
+    def __init__(self) -> None:
+        super().__init__(_node_facts)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.nfd = 0
+        self.gpu_nodes = 0
+        self.os_seen: Counter[tuple[str, str]] = Counter()
+        self.runtimes: Counter[str] = Counter()
+        self.kernels: Counter[str] = Counter()
+        self.plugin_configs: Counter[str] = Counter()
+
+    def _add(self, value: _NodeFacts) -> None:
+        self._apply(value, 1)
+
+    def _drop(self, value: _NodeFacts) -> None:
+        self._apply(value, -1)
+
+    def _apply(self, node: _NodeFacts, by: int) -> None:
+        self.nfd += by if node.nfd else 0
+        if not node.gpu:
+            return
+        self.gpu_nodes += by
+        for counter, value in (
+            (self.os_seen, node.os),
+            (self.runtimes, node.runtime),
+            (self.kernels, node.kernel),
+            (self.plugin_configs, node.plugin_config),
+        ):
+            if value:
+                _count(counter, value, by)
+
+
+class LabelFacts(NamedTuple):
+    """What the ClusterPolicy's status reads of a node's labels besides the facts: whether NFD
+    found an NVIDIA GPU on it (`labelling.has_gpu`), and whether it is a GPU node whose host
+    runs its own driver (`gpu.present` and a `pre-installed` driver label)."""
+
+    name: str
+    nfd_gpu: bool
+    preinstalled: bool
+
+
+def label_facts(node: Mapping[str, Any]) -> LabelFacts:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return LabelFacts(
+        str(meta.get("name")),
+        labelling.has_gpu(labels),
+        labels.get(keys.GPU_PRESENT) == "true" and labelling.preinstalled_driver(labels),
+    )
+
+
+class LabelFold(Folded[LabelFacts]):
+    """Each node's `label_facts`, with apart the nodes with a preinstalled driver (`preinstalled`,
+    key -> name): a handful, where a pass used to read every node's labels for them."""
+
+    def __init__(self) -> None:
+        super().__init__(label_facts)
+        self.preinstalled: dict[str, str] = {}
+
+    def changed(
+        self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        self.preinstalled.pop(key, None)
+        super().changed(key, old, new)
+        value = self.values.get(key)
+        if value is not None and value.preinstalled:
+            self.preinstalled[key] = value.name
+
+    def _clear(self) -> None:
+        self.preinstalled = {}
+
+
+class UpgradeFacts(NamedTuple):
+    """What the ClusterPolicy's and NVIDIADrivers' upgrade views read of one node."""
+
+    name: str
+    owner: str | None
+    skip: bool
+    state: str
+    failure: str
+
+
+def upgrade_facts(node: Mapping[str, Any]) -> UpgradeFacts:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    state = str(labels.get(keys.UPGRADE_STATE) or "")
+    failure = ""
+    if state == upgrade_states.UPGRADE_FAILED:
+        failure = str((meta.get("annotations") or {}).get(upgrade_states.FAILURE, ""))
+    return UpgradeFacts(
+        str(meta.get("name")),
+        labels.get(keys.DRIVER_OWNER) or None,
+        labels.get(keys.UPGRADE_SKIP) == "true",
+        state,
+        failure,
+    )
+
+
+class UpgradeFold(Folded[UpgradeFacts]):
+    """Each node's `upgrade_facts`, with apart the nodes an upgrade view counts (`marked`: in
+    the upgrade state machine or labelled to skip it): outside an upgrade, none."""
+
+    def __init__(self) -> None:
+        super().__init__(upgrade_facts)
+        self.marked: dict[str, UpgradeFacts] = {}
+
+    def changed(
+        self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        self.marked.pop(key, None)
+        super().changed(key, old, new)
+        value = self.values.get(key)
+        if value is not None and (value.skip or value.state):
+            self.marked[key] = value
+
+    def _clear(self) -> None:
+        self.marked = {}
+
+
 def from_nodes(
     nodes: Iterable[Mapping[str, Any]],
     *,
@@ -99,38 +278,50 @@ def from_nodes(
     """Facts from every node: GPU count, NFD presence, OS of one GPU node, runtime, kernels, and
     the device-plugin config labels of GPU nodes. `cached`: the nodes are a node cache's
     objects, replaced on change and never edited in place (`PerNode`): each is read once."""
-    gpu_nodes = 0
-    plugin_configs: Counter[str] = Counter()
-    nfd = False
-    os_seen: Counter[tuple[str, str]] = Counter()
-    runtimes: set[str] = set()
-    kernels: set[str] = set()
+    fold = FactsFold()
     for node in _node_facts_of(nodes) if cached else map(_node_facts, nodes):
-        nfd = nfd or node.nfd
-        if not node.gpu:
-            continue
-        gpu_nodes += 1
-        if node.os is not None:
-            os_seen[node.os] += 1
-        if node.runtime:
-            runtimes.add(node.runtime)
-        if node.kernel:
-            kernels.add(node.kernel)
-        if node.plugin_config:
-            plugin_configs[node.plugin_config] += 1
-    # Upstream reads the OS of "one GPU node"; the most common one is the stable choice.
-    os_id, os_version = os_seen.most_common(1)[0][0] if os_seen else (None, None)
+        fold._add(node)
+    return from_fold(
+        fold, namespace=namespace, operator_env=operator_env,
+        has_servicemonitor_crd=has_servicemonitor_crd,
+        has_prometheusrule_crd=has_prometheusrule_crd, config_map_keys=config_map_keys,
+        kubernetes_version=kubernetes_version, config_map_data=config_map_data,
+        startup_toleration=startup_toleration,
+    )  # fmt: skip
+
+
+def from_fold(
+    fold: FactsFold,
+    *,
+    namespace: str,
+    operator_env: Mapping[str, str],
+    has_servicemonitor_crd: bool,
+    has_prometheusrule_crd: bool,
+    config_map_keys: Mapping[str, tuple[str, ...]] | None = None,
+    kubernetes_version: str = "1.35.0",
+    config_map_data: Mapping[str, Mapping[str, str]] | None = None,
+    startup_toleration: Mapping[str, str] | None = None,
+) -> ClusterFacts:
+    """`from_nodes` from what a `FactsFold` counted (the node cache's, kept from its events)."""
+    # Upstream reads the OS of "one GPU node"; the most common one is the stable choice (on a
+    # tie, the first by name: the same answer whatever order the nodes came in).
+    os_id, os_version = (
+        min(fold.os_seen.items(), key=lambda seen: (-seen[1], seen[0]))[0]
+        if fold.os_seen
+        else (None, None)
+    )
+    runtimes = fold.runtimes
     runtime: Runtime = "containerd"
     if "containerd" not in runtimes and runtimes:
         runtime = "crio" if "crio" in runtimes else "docker"
     return ClusterFacts(
         namespace=namespace,
-        gpu_node_count=gpu_nodes,
-        has_nfd=nfd,
+        gpu_node_count=fold.gpu_nodes,
+        has_nfd=fold.nfd > 0,
         os_id=os_id,
         os_version_id=os_version,
         runtime=runtime,
-        kernels=tuple(sorted(kernels)),
+        kernels=tuple(sorted(fold.kernels)),
         kubernetes_version=kubernetes_version,
         has_servicemonitor_crd=has_servicemonitor_crd,
         has_prometheusrule_crd=has_prometheusrule_crd,
@@ -138,5 +329,5 @@ def from_nodes(
         config_map_keys=dict(config_map_keys or {}),
         config_map_data=dict(config_map_data or {}),
         startup_toleration=startup_toleration,
-        plugin_config_labels=dict(plugin_configs),
+        plugin_config_labels=dict(fold.plugin_configs),
     )

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 
 from gpu_operator.api.images import IMAGE_ENV
-from gpu_operator.controller import endpoints, health
+from gpu_operator.controller import endpoints, gc_tuning, health
 from gpu_operator.controller.operator import Operator, Settings
 from gpu_operator.kube import client as kube_client
 from gpu_operator.nodes.coexist import CoexistPolicy
@@ -75,6 +75,10 @@ async def run(
         ),
     ]
     task = asyncio.create_task(operator.run())
+    # The collector, tuned for caches of millions of long-lived objects (controller/gc_tuning.py).
+    collector = gc_tuning.GcTuning()
+    collector.install()
+    upkeep = asyncio.create_task(collector.keep(operator.ready))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -85,6 +89,8 @@ async def run(
     except asyncio.CancelledError:
         log.info("shutting down")
     finally:
+        upkeep.cancel()
+        collector.uninstall()
         for listener in listeners:
             await listener.aclose()
         await client.close()

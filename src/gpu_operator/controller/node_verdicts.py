@@ -143,17 +143,21 @@ class NodeVerdicts:
         self.pods = PodsByNode()
         # The worst entry of the last `worst` and its verdict.
         self._worst: tuple[_Entry, explain.Verdict] | None = None
+        # The view of the last `refresh`: every entry it kept was walked with it.
+        self._view: explain.PolicyView | None = None
 
     def refresh(
         self,
-        nodes: Iterable[Mapping[str, Any]],
+        nodes: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
         pods: Iterable[PodSummary] | None,
         view: explain.PolicyView,
         slices: SliceSource | None = None,
     ) -> None:
         """Walk again every node NFD-labelled as a GPU node (`nvidia.com/gpu.present`) whose
         inputs changed; forget the nodes that are gone. `slices` gives a DRA node's
-        ResourceSlices; `pods` None reads the pods from `self.pods` (its events)."""
+        ResourceSlices; `pods` None reads the pods from `self.pods` (its events). `nodes` may
+        be the node cache itself (name -> node): an unchanged node is then recognized by its
+        key and object alone, without reading its labels."""
         grouped: dict[str, list[PodSummary]] | None = None
         if pods is not None:
             grouped = {}
@@ -163,7 +167,23 @@ class NodeVerdicts:
         dirty = index.dirty
         memo = self._memo
         kept: dict[str, _Entry] = {}
-        for node in nodes:
+        # Every kept entry was walked with the last view: one comparison stands for all.
+        same_view = self._view == view
+        by_key = nodes.items() if isinstance(nodes, Mapping) else ((None, n) for n in nodes)
+        quick = grouped is None and same_view
+        for key, node in by_key:
+            if quick and key is not None:
+                entry = memo.get(key)
+                # The same object walked before (so the same labels: a GPU node, not a DRA
+                # one), its pods unchanged.
+                if (
+                    entry is not None
+                    and entry.node is node
+                    and entry.dra is None
+                    and key not in dirty
+                ):
+                    kept[key] = entry
+                    continue
             meta = node.get("metadata") or {}
             labels = meta.get("labels") or {}
             if labels.get(keys.GPU_PRESENT) != "true":
@@ -199,10 +219,11 @@ class NodeVerdicts:
         if grouped is None:
             dirty.clear()
         self._memo = kept
+        self._view = view
 
     def verdicts(
         self,
-        nodes: Iterable[Mapping[str, Any]],
+        nodes: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
         pods: Iterable[PodSummary] | None,
         view: explain.PolicyView,
         slices: SliceSource | None = None,
@@ -214,7 +235,7 @@ class NodeVerdicts:
 
     def worst(
         self,
-        nodes: Iterable[Mapping[str, Any]],
+        nodes: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
         pods: Iterable[PodSummary] | None,
         view: explain.PolicyView,
         slices: SliceSource | None = None,

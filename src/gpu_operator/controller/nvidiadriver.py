@@ -358,10 +358,7 @@ class NVIDIADriverReconciler(Reconciler):
         (status/rollout.py): its nodes' driver upgrade, a new spec rolling out, the hand-over."""
         enabled = obj is not None and cp.upgrades_enabled(obj, self._upgrades_enabled)
         upgrade = cp.upgrade_view(
-            self.caches[runtime.NODES].objects.values(),
-            owner=entry.name,
-            enabled=enabled,
-            cached=True,
+            (), owner=entry.name, enabled=enabled, fold=cp.upgrade_fold(self.rt)
         )
         waiting: list[rollout.Workload] = []
         handing_over = sorted(set(entry.nodes) & orphaned)

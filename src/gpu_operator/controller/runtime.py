@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpu_operator.api import keys
-from gpu_operator.controller import strip
+from gpu_operator.controller import facts, strip
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.kube import resources
 from gpu_operator.kube.cache import (
@@ -310,6 +310,12 @@ class Runtime:
         self.caches = Caches(client, settings.namespace, self._dispatch, self._state_lost)
         self.reconcilers: dict[str, Reconciler] = {}
         self._watches: dict[str, list[Mapper]] = {}
+        # What the status passes fold over every node (cluster facts, upgrade states), kept from
+        # the node cache's events rather than walked again each pass (controller/facts.py).
+        self.node_facts = facts.FactsFold()
+        self.upgrade_nodes = facts.UpgradeFold()
+        self.node_labels = facts.LabelFold()
+        self._watches[NODES] = [self._fold_node]
         self.ready = asyncio.Event()
         self.write_slots = asyncio.Semaphore(settings.write_concurrency)
         self._tasks: list[asyncio.Task[None]] = []
@@ -331,6 +337,12 @@ class Runtime:
             if watch.cache not in self.caches:
                 raise KeyError(f"{reconciler.prefix} watches unknown cache {watch.cache!r}")
             self._watches.setdefault(watch.cache, []).append(watch.map)
+
+    def _fold_node(self, key: str, old: Any, new: Any) -> tuple[()]:
+        self.node_facts.changed(key, old, new)
+        self.upgrade_nodes.changed(key, old, new)
+        self.node_labels.changed(key, old, new)
+        return ()
 
     def watch(self, cache: str, mapper: Mapper) -> None:
         """Subscribe to a cache added after registration (for example an optional CRD's kind)."""

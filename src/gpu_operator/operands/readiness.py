@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 Obj = dict[str, Any]
 REVISION_HASH_LABEL = "controller-revision-hash"
@@ -130,10 +130,18 @@ def _int(value: Any) -> int:
     return int(value) if isinstance(value, int) else 0
 
 
-def _owned_by(pod: PodSummary, owner: Obj) -> bool:
+def _owned(
+    pods: list[Obj] | list[PodSummary], owner: Obj, *, known: bool = False
+) -> list[PodSummary]:
+    """The pods `owner` owns, its uid read once (a status pass asks this of every DaemonSet's
+    thousands of pods). `known`: `pods` are summaries already picked by this owner's uid (the
+    operator's pods-by-owner index), taken as they are."""
     uid = owner.get("metadata", {}).get("uid")
-    # An owner without a uid (a rendered, never-applied object) owns nothing yet.
-    return bool(uid) and uid in pod.owner_uids
+    if not uid:
+        return []  # an owner without a uid (rendered, never applied) owns nothing yet
+    if known:
+        return cast(list[PodSummary], pods)
+    return [p for p in _summaries(pods) if uid in p.owner_uids]
 
 
 def newest_revision_hash(ds: Obj, revisions: list[Obj]) -> str | None:
@@ -239,14 +247,15 @@ class PodIssue(NamedTuple):
     outdated: bool
 
 
-def pod_issues(ds: Obj, pods: list[Obj] | list[PodSummary], revisions: list[Obj]) -> list[PodIssue]:
-    """The DaemonSet's pods that have a problem, an out-of-date revision (OnDelete) included."""
+def pod_issues(
+    ds: Obj, pods: list[Obj] | list[PodSummary], revisions: list[Obj], *, owned: bool = False
+) -> list[PodIssue]:
+    """The DaemonSet's pods that have a problem, an out-of-date revision (OnDelete) included.
+    `owned`: `pods` are the DaemonSet's pod summaries already (picked by its uid)."""
     strategy = (ds.get("spec", {}).get("updateStrategy") or {}).get("type", "RollingUpdate")
     newest = newest_revision_hash(ds, revisions) if strategy == "OnDelete" else None
     found = []
-    for pod in _summaries(pods):
-        if not _owned_by(pod, ds):
-            continue
+    for pod in _owned(pods, ds, known=owned):
         outdated = newest is not None and pod.revision_hash != newest
         problem = pod.problem
         if problem is None and outdated:
@@ -277,11 +286,12 @@ def _summaries(pods: list[Obj] | list[PodSummary]) -> list[PodSummary]:
 
 
 def daemonset_readiness(
-    ds: Obj, pods: list[Obj] | list[PodSummary], revisions: list[Obj]
+    ds: Obj, pods: list[Obj] | list[PodSummary], revisions: list[Obj], *, owned: bool = False
 ) -> Readiness:
     """Upstream's DaemonSet readiness (OnDelete revision check included), explained.
 
-    `pods` may be pod objects or their summaries.
+    `pods` may be pod objects or their summaries; `owned`: they are the DaemonSet's pod
+    summaries already (picked by its uid), so they are not filtered again.
     """
     name = ds.get("metadata", {}).get("name", "?")
     status = ds.get("status") or {}
@@ -293,10 +303,10 @@ def daemonset_readiness(
         return Readiness(False, desired, max(desired, 1), reason)
     if desired == 0:
         return Readiness(True, 0, 0, "")
-    owned = [p for p in _summaries(pods) if _owned_by(p, ds)]
+    mine = _owned(pods, ds, known=owned)
     strategy = (ds.get("spec", {}).get("updateStrategy") or {}).get("type", "RollingUpdate")
     newest = newest_revision_hash(ds, revisions) if strategy == "OnDelete" else None
-    problems, detail = _first_problem(owned, newest)
+    problems, detail = _first_problem(mine, newest)
 
     def not_ready(count: int, summary: str) -> Readiness:
         count = max(count, 1)
@@ -315,7 +325,7 @@ def daemonset_readiness(
                 lagging, f"{updated}/{desired} pods updated, {available}/{desired} available"
             )
         return Readiness(True, desired, 0, "")
-    if not owned:
+    if not mine:
         return not_ready(desired, f"0/{desired} pods exist")
     if newest is None:
         return not_ready(desired, "no ControllerRevision found")

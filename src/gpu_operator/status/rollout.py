@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from gpu_operator.upgrade import states
@@ -104,17 +105,29 @@ class Upgrade:
     enabled: bool = False
     skipped: frozenset[str] = frozenset()
 
-    @property
+    # Worked out once per view (a status pass asks for each once per pod issue: thousands while
+    # a rollout goes on); the view is immutable, its `states` never edited after it is made.
+    @cached_property
     def under_way(self) -> tuple[str, ...]:
         return tuple(sorted(n for n, s in self.states.items() if s in UNDER_WAY))
 
-    @property
+    @cached_property
     def queued(self) -> tuple[str, ...]:
         return tuple(sorted(n for n, s in self.states.items() if s in QUEUED))
 
-    @property
+    @cached_property
     def failed(self) -> tuple[str, ...]:
         return tuple(sorted(n for n, s in self.states.items() if s == states.UPGRADE_FAILED))
+
+    @cached_property
+    def moving(self) -> frozenset[str]:
+        """`under_way` as a set (membership tests per pod issue)."""
+        return frozenset(self.under_way)
+
+    @cached_property
+    def waiting(self) -> frozenset[str]:
+        """`queued` as a set."""
+        return frozenset(self.queued)
 
     @property
     def active(self) -> bool:
@@ -179,7 +192,7 @@ def broken(issue: Issue, budget: int) -> bool:
 
 def _explained(issue: Issue, workload: Workload, upgrade: Upgrade) -> bool:
     """Whether planned work accounts for a (non-broken) problem."""
-    if workload.updating or issue.node in upgrade.under_way:
+    if workload.updating or issue.node in upgrade.moving:
         return True
     if workload.labelling and issue.node in upgrade.states:
         return True
@@ -187,7 +200,7 @@ def _explained(issue: Issue, workload: Workload, upgrade: Upgrade) -> bool:
         return False
     # A driver pod of an older revision waits for its node's turn: queued already, or about to
     # be (upgrades run and the node is neither skipped nor failed).
-    return issue.node in upgrade.queued or (
+    return issue.node in upgrade.waiting or (
         upgrade.enabled
         and issue.node not in upgrade.skipped
         and upgrade.states.get(issue.node) != states.UPGRADE_FAILED
@@ -223,7 +236,7 @@ def judge(
             continue
         broken_here = []
         for issue in workload.issues:
-            budget = _budget(issue, workload, upgrade.under_way)
+            budget = _budget(issue, workload, upgrade.moving)
             if broken(issue, budget):
                 broken_here.append(_fault_text(workload, issue, budget))
         if broken_here:
@@ -232,8 +245,8 @@ def judge(
         if workload.issues:
             explained = all(_explained(i, workload, upgrade) for i in workload.issues)
             by_upgrade = by_upgrade or any(
-                i.node in upgrade.under_way
-                or i.node in upgrade.queued
+                i.node in upgrade.moving
+                or i.node in upgrade.waiting
                 or (workload.labelling and i.node in upgrade.states)
                 for i in workload.issues
             )

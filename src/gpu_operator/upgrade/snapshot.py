@@ -230,19 +230,27 @@ def pod_from(obj: Obj, summary: PodSummary | None = None) -> Pod:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    controller = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
-    conditions = status.get("conditions") or []
-    statuses = [
-        *(status.get("containerStatuses") or []),
-        *(status.get("initContainerStatuses") or []),
-    ]
+    controller = None
+    for owner in meta.get("ownerReferences") or ():
+        if owner.get("controller"):
+            controller = owner
+            break
+    ready = False
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
+            ready = True
+            break
+    restarts = 0
+    for statuses in (status.get("containerStatuses"), status.get("initContainerStatuses")):
+        for one in statuses or ():
+            restarts = max(restarts, int(one.get("restartCount") or 0))
     containers = spec.get("containers") or []
     return Pod(
         namespace=sys.intern(str(meta.get("namespace") or "")),
         name=str(meta.get("name")),
         node=sys.intern(str(spec.get("nodeName") or "")),
         phase=sys.intern(str(status.get("phase") or "Pending")),
-        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         created=timestamp(meta.get("creationTimestamp")),
         labels=_pod_labels(meta.get("labels") or {}),
@@ -251,7 +259,7 @@ def pod_from(obj: Obj, summary: PodSummary | None = None) -> Pod:
         controller_uid=sys.intern(str(controller.get("uid"))) if controller else None,
         gpu=_uses_gpu(spec),
         empty_dir=any("emptyDir" in v for v in spec.get("volumes") or []),
-        restarts=max((int(s.get("restartCount") or 0) for s in statuses), default=0),
+        restarts=restarts,
         grace_seconds=int(spec.get("terminationGracePeriodSeconds") or 30),
         config_digest=_shared(_digest(spec)),
         image=sys.intern(_driver_image(containers)),

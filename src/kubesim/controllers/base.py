@@ -44,6 +44,9 @@ class Controller:
     resources: tuple[Key, ...] | None = None
     # With `resources` None: the kinds it never looks at (the garbage collector's Events).
     ignored_resources: tuple[Key, ...] = ()
+    # Kinds whose deletions only it looks at (their creates and updates do not call it); None:
+    # the deletions of every kind but `resources` (which must then be given).
+    deleted_resources: tuple[Key, ...] | None = ()
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -53,6 +56,7 @@ class Controller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe_deletions: Callable[[], None] | None = None
         self._timers: dict[ItemKey, asyncio.TimerHandle] = {}
         self.idle = asyncio.Event()
         self.idle.set()
@@ -63,9 +67,16 @@ class Controller:
 
     def start(self) -> None:
         """Subscribe to the store, queue an initial resync, and start draining."""
+        # `on_event` itself, not a method calling it: a call per listener and commit is most of
+        # what a commit costs, with a dozen controllers reading pods.
         self._unsubscribe = self.store.subscribe(
-            self._on_event, self.resources, ignore=self.ignored_resources
+            self.on_event, self.resources, ignore=self.ignored_resources
         )
+        deleted = self.deleted_resources
+        if deleted or (deleted is None and self.resources is not None):
+            self._unsubscribe_deletions = self.store.subscribe(
+                self.on_event, deleted, ignore=self.resources or (), deletions_only=True
+            )
         for key in self.initial_keys():
             self.enqueue(key)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
@@ -74,6 +85,8 @@ class Controller:
         """Stop draining and unsubscribe."""
         if self._unsubscribe:
             self._unsubscribe()
+        if self._unsubscribe_deletions:
+            self._unsubscribe_deletions()
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -116,9 +129,6 @@ class Controller:
 
     def reconcile(self, key: Any) -> None:
         """Converge one key; raise to retry later."""
-
-    def _on_event(self, event: Event) -> None:
-        self.on_event(event)
 
     def enqueue(self, key: ItemKey) -> None:
         """Queue a key (coalesced with any pending instance)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from kubesim import errors, selectors
 from kubesim.controllers import scheduling
@@ -75,6 +75,9 @@ class NodeRecord(NamedTuple):
 
 EMPTY = NodeRecord()
 _COUNTS = ("desired", "current", "misscheduled", "ready", "available", "updated")
+# The fields of a record that add up to a DaemonSet's totals: its first eight, in order.
+_TOTALS = (*_COUNTS, "unavailable", "surging")
+assert NodeRecord._fields[: len(_TOTALS)] == _TOTALS
 
 
 class Placement:
@@ -117,7 +120,7 @@ class DaemonState:
         self.pods: dict[str, dict[str, Stored]] = {}
         self.dirty: set[str] = set()
         self.records: dict[str, NodeRecord] = {}
-        self.totals = dict.fromkeys((*_COUNTS, "unavailable", "surging"), 0)
+        self.totals = dict.fromkeys(_TOTALS, 0)
         self.replace: dict[str, str] = {}
         self.candidates: dict[str, str] = {}
         self.allowed_new: set[str] = set()
@@ -141,10 +144,11 @@ class DaemonState:
         if old == new:
             return
         totals = self.totals
-        for field in _COUNTS:
-            totals[field] += getattr(new, field) - getattr(old, field)
-        totals["unavailable"] += new.unavailable - old.unavailable
-        totals["surging"] += new.surging - old.surging
+        # The counts are the record's first fields (ints): compared by position, not by name.
+        after_counts, before_counts = cast("tuple[int, ...]", new), cast("tuple[int, ...]", old)
+        for field, after, before in zip(_TOTALS, after_counts, before_counts, strict=False):
+            if after != before:
+                totals[field] += after - before
         for mapping, attr in ((self.replace, "replace"), (self.candidates, "candidate"),
                               (self.retire, "retire")):  # fmt: skip
             value = getattr(new, attr)
@@ -465,6 +469,8 @@ class DaemonSetController(Controller):
         min_ready = _min_ready(ds)
         fields: dict[str, Any] = {}
         waits: list[float] = []
+        first: Stored | None = None
+        wait = -1.0
         if should_run:
             fields["desired"] = 1
             if pods:
@@ -472,13 +478,13 @@ class DaemonSetController(Controller):
                 # The oldest pod counts (upstream), but a pod still running beats one being
                 # deleted: kubesim counts a terminating pod unready at once (a kubelet reports
                 # it so moments later), which would make a surge rollout look like an outage.
-                first = min(
+                first = pods[0] if len(pods) == 1 else min(
                     pods,
                     key=lambda s: (
                         bool(s.obj["metadata"].get("deletionTimestamp")),
                         _age(s, state.hash),
                     ),
-                )
+                )  # fmt: skip
                 wait = scheduling.ready_for(first.obj, min_ready)
                 waits.append(wait)
                 fields["ready"] = int(wait >= 0)
@@ -499,10 +505,12 @@ class DaemonSetController(Controller):
             else:
                 excess = excess or old is not None
                 old = stored
-        new_wait = scheduling.ready_for(new.obj, min_ready) if new is not None else -1
-        old_wait = scheduling.ready_for(old.obj, min_ready) if old is not None else -1
+        # The pod that counted above is most often the node's only one: its wait is known.
+        new_wait = _wait_of(new, first, wait, min_ready)
+        old_wait = _wait_of(old, first, wait, min_ready)
         waits += (new_wait, old_wait)
-        recheck = min((w for w in waits if w > 0), default=0.0)
+        positive = [w for w in waits if w > 0]
+        recheck = min(positive) if positive else 0.0
         if recheck > 0:
             state.rechecks[node] = time.monotonic() + recheck
         if excess:
@@ -822,6 +830,15 @@ def _rollout_limits(ds: dict[str, Any], desired: int) -> tuple[int, int]:
     if desired > 0 and max_surge == 0 and max_unavailable == 0:
         max_unavailable = 1
     return max_surge, max_unavailable
+
+
+def _wait_of(pod: Stored | None, known: Stored | None, known_wait: float, min_ready: int) -> float:
+    """`scheduling.ready_for` of a pod (-1 for none), reusing the one already found for `known`."""
+    if pod is None:
+        return -1
+    if pod is known:
+        return known_wait
+    return scheduling.ready_for(pod.obj, min_ready)
 
 
 def _min_ready(ds: dict[str, Any]) -> int:

@@ -64,7 +64,9 @@ class DeploymentController(ClockedController):
     progress deadlines and the `ScalingReplicaSet` events."""
 
     name = COMPONENT
-    resources = (DEPLOY_KEY, RS_KEY, POD_KEY)
+    # Pods: only their deletions (a Recreate rollout waits for the old pods to be gone).
+    resources = (DEPLOY_KEY, RS_KEY)
+    deleted_resources = (POD_KEY,)
 
     def initial_keys(self) -> list[Any]:
         return self.keys_of(DEPLOY_KEY)

@@ -6,17 +6,20 @@ selects no pods keeps one empty placeholder slice, as upstream. Terminating pods
 `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by` labels and are owned by
 the Service (the garbage collector removes them with it).
 
-Syncs are incremental, as upstream's: each Service keeps its endpoints grouped by ports and in
-address order, and a sync re-derives only the endpoints of the pods that changed since the last
-one (or whose node changed zone: nodes are watched for their `topology.kubernetes.io/zone`),
-not the whole Service; its own slice writes do not queue the Service again.
+Syncs are incremental, as upstream's: a sync re-derives only the endpoints of the pods that
+changed since the last one (or whose node changed zone: nodes are watched for their
+`topology.kubernetes.io/zone`), and slices are kept stable as upstream's reconciler keeps them
+(`plan_slices`): an endpoint stays in its slice until it goes or moves to other ports, so a sync
+writes only the slices whose endpoints changed. Its own slice writes do not queue the Service
+again; someone else's make the next sync start again from the stored slices.
 """
 
 from __future__ import annotations
 
-import bisect
-from typing import Any
+import contextlib
+from typing import Any, NamedTuple
 
+from kubesim import errors
 from kubesim.controllers import endpoints as common
 from kubesim.controllers import scheduling
 from kubesim.store import Event, Stored, now
@@ -36,34 +39,126 @@ Ports = list[dict[str, Any]]
 _Entry = tuple[str, Ports, dict[str, Any], tuple[int, ...]]
 
 
-class _Groups:
-    """One Service's endpoints as last synced: per pod its entry, and per ports key the entries
-    in (address, pod name) order, as the slices list them."""
+class _Slice:
+    """One slice as this controller last wrote it: its ports and its endpoints by pod, in the
+    order the slice lists them."""
 
-    __slots__ = ("entries", "groups", "service")
+    __slots__ = ("endpoints", "key", "name", "ports")
+
+    def __init__(self, name: str, key: str, ports: Ports | None) -> None:
+        self.name = name
+        self.key = key
+        self.ports = ports
+        self.endpoints: dict[str, dict[str, Any]] = {}
+
+
+class _State:
+    """One Service's endpoints as last synced: per pod its entry (None: selected but no
+    endpoint), the Service's slices by name, and which slice lists each pod."""
+
+    __slots__ = ("entries", "service", "slices", "where")
 
     def __init__(self, service: dict[str, Any]) -> None:
         self.service = service
         self.entries: dict[str, _Entry | None] = {}
-        # ports key -> (ports, [(address sort key, pod name, endpoint)])
-        self.groups: dict[str, tuple[Ports, list[tuple[tuple[int, ...], str, dict[str, Any]]]]] = {}
+        self.slices: dict[str, _Slice] = {}
+        self.where: dict[str, str] = {}
 
-    def put(self, name: str, entry: _Entry | None) -> None:
-        """Set (or with None and no pod, drop) one pod's entry, keeping the groups sorted."""
-        old = self.entries.pop(name, None)
-        if old is not None:
-            group = self.groups[old[0]][1]
-            at = bisect.bisect_left(group, (old[3], name), key=_sort_key)
-            if at < len(group) and group[at][1] == name:
-                del group[at]
-            if not group:
-                del self.groups[old[0]]
-        self.entries[name] = entry
+
+class _Plan(NamedTuple):
+    update: list[str]  # names of slices to rewrite
+    delete: list[str]  # names of slices to delete
+    create: list[_Slice]  # new slices (no name yet)
+
+
+def plan_slices(
+    state: _State, changes: dict[str, _Entry | None], relabel: set[str], limit: int = MAX_ENDPOINTS
+) -> _Plan:
+    """Apply pod endpoint changes to the Service's slices, as upstream's reconciler places them
+    (pure: mutates only `state`). Unchanged endpoints stay where they are; a removed one leaves
+    its slice and a changed one is updated in place; new ones first fill slices that are rewritten
+    anyway (fullest first), then, when fewer than `limit` are left, the unchanged slice they fill
+    closest to full, else new slices. A slice left empty is deleted. `relabel`: slices to rewrite
+    regardless (their labels are stale)."""
+    touched: set[str] = set(relabel)
+    added: dict[str, list[tuple[tuple[int, ...], str, dict[str, Any]]]] = {}
+    ports_of: dict[str, Ports] = {}
+    for pod, entry in changes.items():
+        at = state.where.get(pod)
+        current = state.slices[at] if at is not None else None
+        if current is not None and entry is not None and entry[0] == current.key:
+            if current.endpoints[pod] != entry[2]:
+                current.endpoints[pod] = entry[2]
+                touched.add(current.name)
+            continue
+        if current is not None:
+            del current.endpoints[pod]
+            del state.where[pod]
+            touched.add(current.name)
         if entry is not None:
             key, ports, endpoint, order = entry
-            bisect.insort(
-                self.groups.setdefault(key, (ports, []))[1], (order, name, endpoint), key=_sort_key
-            )
+            added.setdefault(key, []).append((order, pod, endpoint))
+            ports_of[key] = ports
+    update = {name for name in touched if state.slices[name].endpoints}
+    delete = {name for name in touched if not state.slices[name].endpoints}
+    create: list[_Slice] = []
+    for key in sorted(added):
+        pending = sorted(added[key], key=_sort_key)
+        pending.reverse()  # popped from the end: address order
+
+        rewritten = [state.slices[name] for name in update if state.slices[name].key == key]
+        for slice_ in sorted(rewritten, key=lambda s: (-len(s.endpoints), s.name)):
+            _fill(state, slice_, pending, limit)
+        while pending:
+            target: _Slice | None = None
+            if len(pending) < limit:
+                best = limit
+                for slice_ in state.slices.values():
+                    room = limit - len(slice_.endpoints) - len(pending)
+                    if (
+                        slice_.key == key
+                        and slice_.endpoints
+                        and slice_.name not in update
+                        and 0 <= room < best
+                    ):
+                        best, target = room, slice_
+            if target is None:
+                target = _Slice("", key, ports_of[key] or None)
+                create.append(target)
+            else:
+                update.add(target.name)
+            _fill(state, target, pending, limit)
+    if create or any(slice_.endpoints for slice_ in state.slices.values()):
+        # Slices left without endpoints (the placeholder among them) go.
+        for slice_ in state.slices.values():
+            if not slice_.endpoints:
+                delete.add(slice_.name)
+                update.discard(slice_.name)
+    else:
+        # No endpoints at all: one placeholder slice keeps the Service visible to consumers
+        # that watch slices. An up-to-date one stays as it is, else one is written.
+        empty = list(state.slices.values())
+        delete.update(slice_.name for slice_ in empty)
+        update.clear()
+        if len(empty) == 1 and empty[0].ports is None and empty[0].name not in relabel:
+            delete.clear()
+        else:
+            create.append(_Slice("", "", None))
+    return _Plan(sorted(update), sorted(delete), create)
+
+
+def _fill(
+    state: _State,
+    slice_: _Slice,
+    pending: list[tuple[tuple[int, ...], str, dict[str, Any]]],
+    limit: int,
+) -> None:
+    """Move endpoints from the end of `pending` into the slice while it has room."""
+    while pending and len(slice_.endpoints) < limit:
+        _, pod, endpoint = pending.pop()
+        slice_.endpoints[pod] = endpoint
+        if slice_.name:
+            state.where[pod] = slice_.name
 
 
 def _sort_key(item: tuple[tuple[int, ...], str, dict[str, Any]]) -> tuple[tuple[int, ...], str]:
@@ -71,12 +166,12 @@ def _sort_key(item: tuple[tuple[int, ...], str, dict[str, Any]]) -> tuple[tuple[
 
 
 class EndpointSliceController(common.ServiceController):
-    """Keys are (namespace, name) of Services; `memo` holds each Service's `_Groups`, `dirty`
-    the pods whose endpoints changed since its last sync."""
+    """Keys are (namespace, name) of Services; `memo` holds each Service's `_State` (its slices
+    as last written), `dirty` the pods whose endpoints changed since its last sync."""
 
     name = "endpointslice-controller"
     resources = (SERVICE_KEY, POD_KEY, SLICE_KEY, NODE_KEY)
-    memo: dict[tuple[str, str], _Groups]
+    memo: dict[tuple[str, str], _State]
 
     def __init__(self, store: Any) -> None:
         super().__init__(store)
@@ -93,10 +188,16 @@ class EndpointSliceController(common.ServiceController):
             return
         if self._writing:
             return
-        labels = event.new.obj["metadata"].get("labels") or {}
-        if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
-            # Someone else's write (or deletion) of one of our slices: batched like pod changes.
-            self.enqueue_batched((event.new.obj["metadata"]["namespace"], labels[SERVICE_NAME]))
+        namespace = event.new.obj["metadata"]["namespace"]
+        for version in (event.old, event.new):
+            labels = (version.obj["metadata"].get("labels") or {}) if version is not None else {}
+            if labels.get(MANAGED_BY) == CONTROLLER_NAME and labels.get(SERVICE_NAME):
+                # Someone else's write (or deletion) of one of our slices: what this controller
+                # knows of them is stale, so the next sync (batched like pod changes) starts
+                # again from the stored slices.
+                key = (namespace, labels[SERVICE_NAME])
+                self.memo.pop(key, None)
+                self.enqueue_batched(key)
 
     def _node_event(self, event: Event) -> None:
         """A node whose zone changed (or that went): its endpoints are derived again."""
@@ -123,82 +224,131 @@ class EndpointSliceController(common.ServiceController):
     def reconcile(self, key: Any) -> None:
         namespace, name = key
         stored = self.store.peek(SERVICE_KEY, namespace, name)
-        existing = self._owned_slices(namespace, name)
         rt = self.rt("endpointslices.discovery.k8s.io")
         if (
             stored is None
             or stored.obj["metadata"].get("deletionTimestamp")
             or not common.managed(stored.obj)
         ):
-            for slice_ in existing:
+            for slice_ in self._owned_slices(namespace, name):
                 self._write(self.store.remove, rt, namespace, slice_.obj["metadata"]["name"])
             self.memo.pop(key, None)
             self.dirty.pop(key, None)
             return
-        service = stored.obj
-        desired = self._desired(service)
+        try:
+            self._sync(key, stored.obj, rt)
+        except BaseException:
+            # What was written is unknown: the next sync starts again from the stored slices.
+            self.memo.pop(key, None)
+            raise
+
+    def _sync(self, key: tuple[str, str], service: dict[str, Any], rt: Any) -> None:
+        """Derive the changed pods' endpoints, place them (`plan_slices`) and write the slices
+        that changed: all pods against the stored slices on the first sync, after the Service
+        changed or when the slices were edited by someone else; else only the changed pods."""
+        namespace, name = key
         labels = dict(service["metadata"].get("labels") or {})
         labels[SERVICE_NAME] = name
         labels[MANAGED_BY] = CONTROLLER_NAME
         if (service.get("spec") or {}).get("clusterIP") == "None":
             labels[common.HEADLESS_LABEL] = ""
-        by_ports: dict[str, list[Stored]] = {}
-        for slice_ in existing:
-            by_ports.setdefault(_ports_key(slice_.obj.get("ports")), []).append(slice_)
-        matched: list[tuple[Stored | None, Ports | None, list[Any] | None]] = []
-        for ports, endpoint_list in desired:
-            candidates = by_ports.get(_ports_key(ports), [])
-            matched.append((candidates.pop(0) if candidates else None, ports, endpoint_list))
-        # As upstream, a slice that would be deleted is rewritten instead of creating another.
-        spare = [s for group in by_ports.values() for s in group]
-        for slice_ in existing:
-            if slice_.obj["metadata"].get("deletionTimestamp") and slice_ in spare:
-                spare.remove(slice_)
-        for index, (current, ports, endpoint_list) in enumerate(matched):
-            if current is None and spare:
-                matched[index] = (spare.pop(0), ports, endpoint_list)
-        for current, ports, endpoint_list in matched:
-            if current is None:
-                self._write(
-                    self.store.insert,
-                    rt,
-                    {
-                        "apiVersion": "discovery.k8s.io/v1",
-                        "kind": "EndpointSlice",
-                        "metadata": {
-                            "generateName": f"{name}-",
-                            "namespace": namespace,
-                            "labels": labels,
-                            "annotations": {common.TRIGGER_TIME: now()},
-                            "ownerReferences": [_owner(service)],
-                        },
-                        "addressType": "IPv4",
-                        "endpoints": endpoint_list,
-                        "ports": ports,
-                    },
-                )
-                continue
-            obj = current.obj
-            if (
-                obj.get("endpoints") == endpoint_list
-                and obj.get("ports") == ports
-                and obj["metadata"].get("labels") == labels
-            ):
-                continue
-            updated = current.copy()
-            updated["endpoints"] = endpoint_list
-            updated["ports"] = ports
-            updated["metadata"]["labels"] = labels
-            updated["metadata"].setdefault("annotations", {})[common.TRIGGER_TIME] = now()
-            self._write(
-                self.store.replace,
+        state = self.memo.get(key)
+        members, changed = self.changed_pods(key, service, state)
+        relabel: set[str] = set()
+        if state is None or state.service is not service:
+            state = self.memo[key] = self._load(namespace, name, service, labels, relabel)
+            changed = set(members) | set(state.where)
+        changes: dict[str, _Entry | None] = {}
+        for pod in changed:
+            member = members.get(pod)
+            if member is None:
+                state.entries.pop(pod, None)
+                changes[pod] = None
+            else:
+                changes[pod] = state.entries[pod] = self._entry(service, member.obj)
+        plan = plan_slices(state, changes, relabel)
+        deletes = list(plan.delete)
+        updates = list(plan.update)
+        creates: list[_Slice] = []
+        for slice_ in plan.create:
+            if deletes:
+                # As upstream, a slice that would be deleted is rewritten instead of creating one.
+                slice_.name = deletes.pop(0)
+                state.slices[slice_.name] = slice_
+                updates.append(slice_.name)
+                for pod in slice_.endpoints:
+                    state.where[pod] = slice_.name
+            else:
+                creates.append(slice_)
+        for slice_ in creates:
+            created = self._write(
+                self.store.insert,
                 rt,
-                updated,
-                namespace=namespace,
-                name=updated["metadata"]["name"],
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": {
+                        "generateName": f"{name}-",
+                        "namespace": namespace,
+                        "labels": dict(labels),
+                        "annotations": {common.TRIGGER_TIME: now()},
+                        "ownerReferences": [_owner(service)],
+                    },
+                    "addressType": "IPv4",
+                    "endpoints": list(slice_.endpoints.values()) or None,
+                    "ports": slice_.ports,
+                },
             )
-        for slice_ in spare:
-            self._write(self.store.remove, rt, namespace, slice_.obj["metadata"]["name"])
+            slice_.name = created.obj["metadata"]["name"]
+            state.slices[slice_.name] = slice_
+            for pod in slice_.endpoints:
+                state.where[pod] = slice_.name
+        for slice_name in updates:
+            slice_ = state.slices[slice_name]
+            current = self.store.peek(SLICE_KEY, namespace, slice_name)
+            if current is None:
+                raise LookupError(f"EndpointSlice {namespace}/{slice_name} went away")
+            updated = current.copy()
+            updated["endpoints"] = list(slice_.endpoints.values()) or None
+            updated["ports"] = slice_.ports
+            updated["metadata"]["labels"] = dict(labels)
+            updated["metadata"].setdefault("annotations", {})[common.TRIGGER_TIME] = now()
+            self._write(self.store.replace, rt, updated, namespace=namespace, name=slice_name)
+        for slice_name in deletes:
+            state.slices.pop(slice_name, None)
+            with contextlib.suppress(errors.ApiError):
+                self._write(self.store.remove, rt, namespace, slice_name)
+
+    def _load(
+        self,
+        namespace: str,
+        name: str,
+        service: dict[str, Any],
+        labels: dict[str, str],
+        relabel: set[str],
+    ) -> _State:
+        """The Service's slices as stored (those being deleted left out, as upstream), with
+        their endpoints by pod; slices whose labels are stale or that list an endpoint that is
+        no pod's or a pod twice go into `relabel`, to be rewritten."""
+        state = _State(service)
+        for stored in self._owned_slices(namespace, name):
+            obj = stored.obj
+            if obj["metadata"].get("deletionTimestamp"):
+                continue
+            slice_ = state.slices[obj["metadata"]["name"]] = _Slice(
+                obj["metadata"]["name"], _ports_key(obj.get("ports")), obj.get("ports") or None
+            )
+            if obj["metadata"].get("labels") != labels:
+                relabel.add(slice_.name)
+            for endpoint in obj.get("endpoints") or ():
+                ref = endpoint.get("targetRef") or {}
+                pod = ref.get("name") if ref.get("kind") == "Pod" else None
+                if pod is None or pod in state.where:
+                    relabel.add(slice_.name)
+                    continue
+                slice_.endpoints[pod] = endpoint
+                state.where[pod] = slice_.name
+        return state
 
     def _owned_slices(self, namespace: str, name: str) -> list[Stored]:
         result = []
@@ -206,34 +356,6 @@ class EndpointSliceController(common.ServiceController):
             labels = slice_.obj["metadata"].get("labels") or {}
             if labels.get(SERVICE_NAME) == name and labels.get(MANAGED_BY) == CONTROLLER_NAME:
                 result.append(slice_)
-        return result
-
-    def _desired(self, service: dict[str, Any]) -> list[tuple[Ports | None, list[Any] | None]]:
-        """(ports, endpoints) per slice: grouped by resolved ports, 100 endpoints at most."""
-        meta = service["metadata"]
-        ident = (meta.get("namespace", ""), meta["name"])
-        state = self.memo.get(ident)
-        # All pods on the first sync or after the Service changed (selector, ports,
-        # publishNotReadyAddresses), else only those changed since.
-        members, changed = self.changed_pods(ident, service, state)
-        if state is None or state.service is not service:
-            state = self.memo[ident] = _Groups(service)
-        for name in changed:
-            stored = members.get(name)
-            if stored is None:
-                state.put(name, None)
-                del state.entries[name]
-            else:
-                state.put(name, self._entry(service, stored.obj))
-        if not state.groups:
-            # A placeholder keeps the Service visible to consumers that watch slices.
-            return [(None, None)]
-        result: list[tuple[Ports | None, list[Any] | None]] = []
-        for key in sorted(state.groups):
-            ports, keyed = state.groups[key]
-            endpoint_list = [endpoint for _, _, endpoint in keyed]
-            for start in range(0, len(endpoint_list), MAX_ENDPOINTS):
-                result.append((ports or None, endpoint_list[start : start + MAX_ENDPOINTS]))
         return result
 
     def _entry(self, service: dict[str, Any], pod: dict[str, Any]) -> _Entry | None:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import fnmatch
+import functools
 import hashlib
 import inspect
 import logging
@@ -19,7 +20,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from kubesim import (
     cri,
@@ -371,8 +372,58 @@ class _PullBackOff:
     error: str
 
 
+@functools.lru_cache(maxsize=4096)
+def _image_id(image: str) -> str:
+    """A container status's `imageID` for an image (one string shared by all its containers)."""
+    return f"{image.split(':')[0]}@sha256:{'0' * 64}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _container_field_path(name: str, init: bool) -> str:
+    """An Event's `involvedObject.fieldPath` for a container: one string for all the pods whose
+    containers have that name (the Events keep it)."""
+    kind = "initContainers" if init else "containers"
+    return f"spec.{kind}{{{name}}}"
+
+
 class _PodWorker:
-    """Drives one pod: volumes, init containers in order, then each container with restarts."""
+    """Drives one pod: volumes, init containers in order, then each container with restarts.
+
+    Slotted: a 20,000-node cluster keeps one per pod, 150,000 of them."""
+
+    __slots__ = (
+        "allocations",
+        "backoff",
+        "claims_pod",
+        "conditions",
+        "contexts",
+        "ephemeral_statuses",
+        "ephemeral_tasks",
+        "init_statuses",
+        "key",
+        "kubelet",
+        "node_name",
+        "parked",
+        "phase",
+        "pod",
+        "pod_ips",
+        "pull_backoff",
+        "rejected",
+        "run_ends",
+        "runtime_handler",
+        "sandbox_ready",
+        "sidecar_tasks",
+        "sidecars_stopping",
+        "start_errors",
+        "started",
+        "statuses",
+        "task",
+        "terminating",
+        "termination_messages",
+        "uid",
+        "volumes",
+        "wake",
+    )
 
     def __init__(self, kubelet: Kubelet, pod: dict[str, Any]) -> None:
         self.kubelet = kubelet
@@ -381,7 +432,6 @@ class _PodWorker:
         self.pod = pod
         self.node_name: str = pod["spec"]["nodeName"]
         self.contexts: dict[str, PodContext] = {}
-        self.runner_tasks: dict[str, asyncio.Task[int]] = {}
         # Native sidecars (init containers with restartPolicy Always): their restart loops, and
         # an event per container run that is set when that run has ended.
         self.sidecar_tasks: dict[str, asyncio.Task[None]] = {}
@@ -397,8 +447,13 @@ class _PodWorker:
         # Volumes are set up and the sandbox exists (PodReadyToStartContainers).
         self.sandbox_ready = False
         self.volumes: PodVolumes | None = None
-        # Set when something a failed mount waits for may have changed.
-        self.wake = asyncio.Event()
+        # Set when something a failed mount waits for may have changed (made with the volumes).
+        self.wake: asyncio.Event | None = None
+        # Instances of the containers that run until the pod stops, without a program of
+        # their own: no coroutine waits for each (stop() finishes them).
+        self.parked: list[ContainerInstance] = []
+        # status.podIPs, made once and shared by every status written (never mutated).
+        self.pod_ips: list[dict[str, str]] | None = None
         # Restarts so far per container, for the back-off (reset after a long enough run).
         self.backoff: dict[str, int] = {}
         # Debug containers added through pods/ephemeralcontainers (never restarted).
@@ -508,15 +563,17 @@ class _PodWorker:
                 )
             ],
             "hostIP": node_ip,
-            "hostIPs": [{"ip": node_ip}],
+            "hostIPs": self.kubelet.host_ips(self.node_name),
             "startTime": self.started,
             "qosClass": (self.pod.get("status") or {}).get("qosClass", "BestEffort"),
             "containerStatuses": self.statuses,
         }
         if self.sandbox_ready:
             # The pod network (and so its IP) exists once the sandbox does.
-            status["podIP"] = self.kubelet.pod_ip(self.uid, self.pod)
-            status["podIPs"] = [{"ip": status["podIP"]}]
+            if self.pod_ips is None:
+                self.pod_ips = [{"ip": self.kubelet.pod_ip(self.uid, self.pod)}]
+            status["podIP"] = self.pod_ips[0]["ip"]
+            status["podIPs"] = self.pod_ips
         if self.init_statuses:
             status["initContainerStatuses"] = self.init_statuses
         if self.ephemeral_statuses:
@@ -541,7 +598,7 @@ class _PodWorker:
         return {
             "name": container.get("name", ""),
             "image": image,
-            "imageID": f"{image.split(':')[0]}@sha256:{'0' * 64}",
+            "imageID": _image_id(image),
             "containerID": "",
             "ready": False,
             "started": False,
@@ -572,6 +629,13 @@ class _PodWorker:
     # ----- lifecycle --------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """The pod's lifecycle (the worker's task)."""
+        try:
+            await self._run()
+        finally:
+            self.task = None  # a run that ended keeps nothing alive: neither task nor coroutine
+
+    async def _run(self) -> None:
         if not await self._admit():
             return
         cfg = self.kubelet.config
@@ -634,6 +698,9 @@ class _PodWorker:
         else:
             loops = [self._container_loop(i, c, restart_policy) for i, c in enumerate(containers)]
             codes = list(await asyncio.gather(*loops))
+        if None in codes:
+            # A parked container runs until the pod stops: the pod never gets further.
+            return
         if self.sidecar_tasks:
             # The main containers are done: the sidecars are stopped, last one first.
             await self._stop_sidecars(self._grace())
@@ -707,6 +774,7 @@ class _PodWorker:
         # Files are written only for pods a runner can look into; the checks happen for all.
         materialize = any(kubelet.runner_for(self.pod, c) is not None for c in containers)
         node = kubelet.store.peek(NODE_KEY, "", self.node_name)
+        wake = self.wake = asyncio.Event()
         self.volumes = PodVolumes(
             kubelet.filesystems,
             kubelet.store,
@@ -717,7 +785,7 @@ class _PodWorker:
         kubelet.track_volumes(self)
         delay = kubelet.config.mount_retry_delay
         while True:
-            self.wake.clear()
+            wake.clear()
             failures = self.volumes.mount_all()
             if not failures:
                 return
@@ -729,7 +797,7 @@ class _PodWorker:
                 )
             self.mark()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), delay)
+                await asyncio.wait_for(wake.wait(), delay)
             delay = min(delay * 2, kubelet.config.mount_retry_delay * 30)
 
     async def _run_sandbox(self) -> None:
@@ -773,8 +841,7 @@ class _PodWorker:
 
     @staticmethod
     def _field_path(container: dict[str, Any], init: bool) -> str:
-        kind = "initContainers" if init else "containers"
-        return f"spec.{kind}{{{container.get('name', '')}}}"
+        return _container_field_path(container.get("name", ""), init)
 
     async def _pull(
         self, container: dict[str, Any], status: dict[str, Any], field_path: str
@@ -1017,7 +1084,9 @@ class _PodWorker:
 
     async def _container_loop(
         self, index: int, container: dict[str, Any], restart_policy: str
-    ) -> int:
+    ) -> int | None:
+        """Run a main container, restarted per the pod's restartPolicy, to its last exit code;
+        None when it was parked (it runs until the pod stops, see `_run_container`)."""
         cfg = self.kubelet.config
         status = self.statuses[index]
         while True:
@@ -1035,7 +1104,9 @@ class _PodWorker:
                 else:
                     status["ready"] = True
             began = asyncio.get_running_loop().time()
-            code = await self._run_container(container, init=False)
+            code = await self._run_container(container, init=False, park=True)
+            if code is None:
+                return None  # parked: a readiness delay still running sets `ready` later
             if ready_task is not None:
                 ready_task.cancel()
             status["ready"] = False
@@ -1182,35 +1253,31 @@ class _PodWorker:
     ) -> bool:
         return registration.present_in(view) or self._file_in_volumes(view.container, program)
 
-    def _program_lookup(
-        self, container: dict[str, Any], init: bool
-    ) -> Callable[[list[str]], ExecFunction | None]:
-        """How `kubectl exec` finds registered programs in this container."""
+    def lookup_program(
+        self, container: dict[str, Any], init: bool, argv: list[str]
+    ) -> ExecFunction | None:
+        """How `kubectl exec` finds a registered program in this container (None: not there)."""
+        registration = self.kubelet.programs.lookup(argv[0])
+        if registration is None:
+            return None
+        view = self.container_view(container, init)
+        if not self._present(registration, view, argv[0]):
+            return None
 
-        def lookup(argv: list[str]) -> ExecFunction | None:
-            registration = self.kubelet.programs.lookup(argv[0])
-            if registration is None:
-                return None
-            view = self.container_view(container, init)
-            if not self._present(registration, view, argv[0]):
-                return None
-
-            async def run(proc: ExecProcess) -> int | None:
-                return await registration.program(
-                    programs.ProgramRun(
-                        argv=list(proc.argv),
-                        view=view,
-                        stdout=proc.stdout,
-                        stderr=proc.stderr,
-                        stdin=proc.stdin,
-                        tty=proc.tty,
-                        exec=True,
-                    )
+        async def run(proc: ExecProcess) -> int | None:
+            return await registration.program(
+                programs.ProgramRun(
+                    argv=list(proc.argv),
+                    view=view,
+                    stdout=proc.stdout,
+                    stderr=proc.stderr,
+                    stdin=proc.stdin,
+                    tty=proc.tty,
+                    exec=True,
                 )
+            )
 
-            return run
-
-        return lookup
+        return run
 
     async def _run_installed(
         self, container: dict[str, Any], init: bool, instance: ContainerInstance
@@ -1218,6 +1285,8 @@ class _PodWorker:
         """Run the container's command when it names a registered program (None otherwise):
         present, it runs with the container log as its output; absent, the container fails to
         start as with a missing executable."""
+        if not self.kubelet.programs.programs:
+            return None  # nothing registered (scale runs): no command to look at
         argv = programs.container_argv(container)
         registration = self.kubelet.programs.lookup(argv[0]) if argv else None
         if registration is None:
@@ -1246,20 +1315,40 @@ class _PodWorker:
                 instance.write_log(line, "stderr")
             return 1
 
-    async def _run_container(self, container: dict[str, Any], init: bool) -> int:
+    @overload
+    async def _run_container(self, container: dict[str, Any], init: bool) -> int: ...
+
+    @overload
+    async def _run_container(
+        self, container: dict[str, Any], init: bool, *, park: bool
+    ) -> int | None: ...
+
+    async def _run_container(
+        self, container: dict[str, Any], init: bool, *, park: bool = False
+    ) -> int | None:
+        """Run one container to its exit code. With `park`, a container that would only wait
+        until the pod stops (no runner, program, stdin or command that ends) is parked
+        instead: None comes back at once, its instance stays running and `stop()` finishes it,
+        so that no coroutine, task or future is kept per such container."""
         if container.get("name", "") in self.start_errors:
             return programs.START_ERROR_EXIT  # the runtime never started its process
         # Each run is a new instance: its own log (the previous run's is kept), stdin and ports.
         instance = self.kubelet.runtime.start(self.uid, container, "")
-        instance.program_lookup = self._program_lookup(container, init)
+        instance.program_lookup = _ProgramLookup(self, container, init)
+        parked = False
         try:
-            return await self._run_program(container, init, instance)
+            code = await self._run_program(container, init, instance, park=park)
+            if code is None:
+                parked = True
+                self.parked.append(instance)
+            return code
         finally:
-            await instance.finish()
+            if not parked:
+                await instance.finish()
 
     async def _run_program(
-        self, container: dict[str, Any], init: bool, instance: ContainerInstance
-    ) -> int:
+        self, container: dict[str, Any], init: bool, instance: ContainerInstance, *, park: bool
+    ) -> int | None:
         cfg = self.kubelet.config
         registration = self.kubelet.runner_for(self.pod, container)
         if registration is None:
@@ -1277,6 +1366,8 @@ class _PodWorker:
                 if duration:
                     await asyncio.sleep(duration)
                 return 0
+            if park:
+                return None  # runs until the pod stops, with nothing waiting for it
             await asyncio.Event().wait()  # runs until the pod stops
             return 0
         ctx = PodContext(self.kubelet, self.pod, container, init, instance)
@@ -1366,10 +1457,21 @@ class _PodWorker:
                     await asyncio.wait_for(registration.runner.stop(ctx), timeout=max(grace, 0.001))
                 except (TimeoutError, Exception):
                     log.warning("pod runner stop for %s/%s did not finish cleanly", *self.key)
-        if self.task is not None:
-            self.task.cancel()
+        task = self.task
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(BaseException):
-                await self.task
+                await task
+        elif self.parked:
+            # Cancelling a task that waited for them took the loop two turns (the task's, then
+            # ours): so long does the pod take to stop, as before (a client that deletes a pod
+            # still sees it right after its DELETE).
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        # Parked containers end here, where a waiting coroutine would have been cancelled.
+        parked, self.parked = self.parked, []
+        for instance in parked:
+            await instance.finish()
         for ephemeral_task in self.ephemeral_tasks.values():
             ephemeral_task.cancel()
         self.kubelet.untrack_volumes(self)
@@ -1419,6 +1521,21 @@ class _PodWorker:
         self.mark()
 
 
+class _ProgramLookup:
+    """A container instance's `program_lookup`: `_PodWorker.lookup_program` for one container
+    (a slotted object, smaller than a closure; every container instance has one)."""
+
+    __slots__ = ("container", "init", "worker")
+
+    def __init__(self, worker: _PodWorker, container: dict[str, Any], init: bool) -> None:
+        self.worker = worker
+        self.container = container
+        self.init = init
+
+    def __call__(self, argv: list[str]) -> ExecFunction | None:
+        return self.worker.lookup_program(self.container, self.init, argv)
+
+
 def go_duration(seconds: float) -> str:
     """A duration as Go prints it after rounding to milliseconds (`0s`, `523ms`, `1.2s`, `1m5s`)."""
     millis = round(seconds * 1000)
@@ -1431,8 +1548,10 @@ def go_duration(seconds: float) -> str:
     return f"{minutes}m{text}" if minutes else text
 
 
+@functools.lru_cache(maxsize=4096)
 def image_size(image: str) -> int:
-    """A stable, plausible size in bytes for an image (kubesim pulls nothing)."""
+    """A stable, plausible size in bytes for an image (kubesim pulls nothing); remembered, as
+    every node of a fleet pulls the same images."""
     digest = hashlib.sha256(image.encode()).digest()
     return 20_000_000 + int.from_bytes(digest[:4], "big") % 480_000_000
 
@@ -1468,6 +1587,7 @@ class Kubelet(Controller):
         self._dirty: set[tuple[str, str]] = set()
         self._flush_scheduled = False
         self._node_ips: dict[str, str] = {}
+        self._host_ips: dict[str, list[dict[str, str]]] = {}
         self._pod_ips: dict[str, str] = {}
         self._lease_task: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
@@ -1546,6 +1666,14 @@ class Kubelet(Controller):
             ip = self._node_ips[node] = f"10.0.{index // 250}.{index % 250 + 1}"
         return ip
 
+    def host_ips(self, node: str) -> list[dict[str, str]]:
+        """`status.hostIPs` of a node's pods: one list that all their statuses share (stored
+        objects are never mutated)."""
+        ips = self._host_ips.get(node)
+        if ips is None:
+            ips = self._host_ips[node] = [{"ip": self.node_ip(node)}]
+        return ips
+
     def pod_ip(self, uid: str, pod: dict[str, Any]) -> str:
         """A stable pod IP (the node IP for hostNetwork pods)."""
         if (pod.get("spec") or {}).get("hostNetwork"):
@@ -1604,7 +1732,7 @@ class Kubelet(Controller):
                 continue
             if worker.sandbox_ready:
                 worker.volumes.refresh()
-            else:
+            elif worker.wake is not None:
                 worker.wake.set()
 
     # ----- events -------------------------------------------------------------------------------
@@ -1619,10 +1747,19 @@ class Kubelet(Controller):
     def on_event(self, event: Event) -> None:
         if event.key == POD_KEY:
             meta = event.new.obj["metadata"]
-            if (event.new.obj.get("spec") or {}).get("nodeName") or (
-                meta["namespace"],
-                meta["name"],
-            ) in self.workers:
+            pod_key = (meta["namespace"], meta["name"])
+            worker = self.workers.get(pod_key)
+            if (
+                worker is not None
+                and event.old is not None
+                and worker.uid == meta.get("uid")
+                and worker.volumes is None
+                and status_only_change(event.old.obj, event.new.obj)
+            ):
+                # A status write (most often this kubelet's own) to a pod it runs: a reconcile
+                # would find nothing to do.
+                return
+            if (event.new.obj.get("spec") or {}).get("nodeName") or worker is not None:
                 self.enqueue(("pod", meta["namespace"], meta["name"]))
         elif event.key == NODE_KEY and event.type == "DELETED":
             self.enqueue(("node-gone", event.new.obj["metadata"]["name"]))
@@ -1793,7 +1930,7 @@ class Kubelet(Controller):
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": pod_key[1], "namespace": pod_key[0]},
-                "status": json_copy(status),
+                "status": detached_status(status),
             }
             try:
                 # Built in decoded form (see PodWorker.status): the store skips decoding it.
@@ -2072,6 +2209,43 @@ def _node_conditions(
             }
         )
     return result
+
+
+def status_only_change(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a pod version changes nothing a running pod's kubelet acts on: the same spec
+    (the very object: status writes share it) without ephemeral containers, no deletion, and
+    the same labels and annotations (which downward API volumes follow)."""
+    spec = new.get("spec")
+    if spec is not old.get("spec") or (spec or {}).get("ephemeralContainers"):
+        return False
+    meta, old_meta = new["metadata"], old["metadata"]
+    return (
+        "deletionTimestamp" not in meta
+        and meta.get("labels") == old_meta.get("labels")
+        and meta.get("annotations") == old_meta.get("annotations")
+    )
+
+
+# The lists of container status dicts in a pod status (PodWorker.status).
+_CONTAINER_STATUS_LISTS = (
+    "initContainerStatuses",
+    "containerStatuses",
+    "ephemeralContainerStatuses",
+)
+
+
+def detached_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A pod status from `_PodWorker.status()` that the store may keep for good: the container
+    status dicts, which the worker goes on changing in place, are copied; everything under them
+    (states, conditions), which the worker only ever replaces with new dicts, is shared. Equal
+    to a deep copy, without encoding and decoding the status and with one copy of its strings
+    for the worker and the stored pod."""
+    detached = dict(status)
+    for field_name in _CONTAINER_STATUS_LISTS:
+        statuses = detached.get(field_name)
+        if statuses is not None:
+            detached[field_name] = [dict(s) for s in statuses]
+    return detached
 
 
 def json_copy(value: Any) -> Any:

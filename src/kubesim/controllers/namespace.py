@@ -14,18 +14,22 @@ class NamespaceController(Controller):
     """Keys are namespace names."""
 
     name = "namespace-controller"
+    # Namespaces, and deletions of everything else (one may empty a terminating namespace).
+    resources = (NAMESPACE_KEY,)
+    deleted_resources = None
 
     def initial_keys(self) -> list[Any]:
         return [s.obj["metadata"]["name"] for s in self.store.scan(NAMESPACE_KEY)]
 
     def on_event(self, event: Event) -> None:
-        meta = event.new.obj["metadata"]
         if event.key == NAMESPACE_KEY:
             if event.type != "DELETED":
-                self.enqueue(meta["name"])
+                self.enqueue(event.new.obj["metadata"]["name"])
             return
-        namespace = meta.get("namespace")
-        if event.type == "DELETED" and namespace:
+        if event.type != "DELETED":
+            return  # only deletions in a namespace matter (an Event's dict is built on read)
+        namespace = event.new.obj["metadata"].get("namespace")
+        if namespace:
             ns = self.store.peek(NAMESPACE_KEY, "", namespace)
             if ns is not None and ns.obj["metadata"].get("deletionTimestamp"):
                 self.enqueue(namespace)
