@@ -96,7 +96,7 @@ def test_the_folds_equal_a_full_fold_after_any_events(seed: int) -> None:
         assert {k: v.nfd_gpu for k, v in label_fold.values.items()} == {
             k: labelling.has_gpu(n["metadata"]["labels"]) for k, n in cache.items()
         }
-        assert sorted(label_fold.preinstalled.values()) == sorted(
+        assert sorted(v.name for v in label_fold.picked.values()) == sorted(
             k for k, n in cache.items()
             if labelling.preinstalled_conflict(n["metadata"]["labels"], DRIVER_POLICY)
         )  # fmt: skip
@@ -142,6 +142,6 @@ async def test_the_operator_keeps_its_folds_from_the_node_cache_events() -> None
     node["metadata"]["labels"][keys.UPGRADE_STATE] = states.UPGRADE_REQUIRED
     rt._dispatch(NODES, "gpu-1", None, node)
     assert rt.node_facts.gpu_nodes == 1
-    assert "gpu-1" in rt.upgrade_nodes.marked
+    assert "gpu-1" in rt.upgrade_nodes.picked
     rt._dispatch(NODES, "gpu-1", node, None)
-    assert (rt.node_facts.gpu_nodes, rt.upgrade_nodes.marked) == (0, {})
+    assert (rt.node_facts.gpu_nodes, rt.upgrade_nodes.picked) == (0, {})

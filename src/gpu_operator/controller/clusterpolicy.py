@@ -604,10 +604,10 @@ class ClusterPolicyReconciler(Reconciler):
         fold = self.rt.node_labels
         fold.sync(self.caches[NODES].objects)
         names = (
-            name
-            for name in fold.preinstalled.values()
+            node.name
+            for node in fold.picked.values()
             # The coexistence detector's own `pre-installed` is reported as its finding.
-            if not self.nodes.coexist_adapted(name)
+            if not self.nodes.coexist_adapted(node.name)
         )
         return tuple(sorted(names))
 
@@ -1010,12 +1010,12 @@ def upgrade_view(
     set apart (upstream's status leaves them out). `enabled`: the owner's upgrades run
     (autoUpgrade on, a usable upgrade policy). `cached`: the nodes are node cache objects
     (replaced on change, never edited in place): each is read once (`facts.PerNode`). `fold`:
-    the node cache's `facts.UpgradeFold`, in step with `nodes` (only its marked nodes count)."""
+    the node cache's `facts.UpgradeFold`, in step with `nodes` (only its picked nodes count)."""
     found: dict[str, str] = {}
     failures: dict[str, str] = {}
     skipped: set[str] = set()
     if fold is not None:
-        read: Iterable[facts_mod.UpgradeFacts] = fold.marked.values()
+        read: Iterable[facts_mod.UpgradeFacts] = fold.picked.values()
     elif cached:
         read = _upgrade_facts_of(nodes)
     else:

@@ -194,25 +194,34 @@ def label_facts(node: Mapping[str, Any]) -> LabelFacts:
     )
 
 
-class LabelFold(Folded[LabelFacts]):
-    """Each node's `label_facts`, with apart the nodes with a preinstalled driver (`preinstalled`,
-    key -> name): a handful, where a pass used to read every node's labels for them."""
+class PickedFold(Folded[T]):
+    """A fold that also keeps apart, by key, the values `pick` selects (`picked`): a handful of
+    the fleet, which a pass then reads instead of every node."""
 
-    def __init__(self) -> None:
-        super().__init__(label_facts)
-        self.preinstalled: dict[str, str] = {}
+    def __init__(self, read: Callable[[Mapping[str, Any]], T], pick: Callable[[T], bool]) -> None:
+        super().__init__(read)
+        self._pick = pick
+        self.picked: dict[str, T] = {}
 
     def changed(
         self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> None:
-        self.preinstalled.pop(key, None)
+        self.picked.pop(key, None)
         super().changed(key, old, new)
         value = self.values.get(key)
-        if value is not None and value.preinstalled:
-            self.preinstalled[key] = value.name
+        if value is not None and self._pick(value):
+            self.picked[key] = value
 
     def _clear(self) -> None:
-        self.preinstalled = {}
+        self.picked = {}
+
+
+class LabelFold(PickedFold[LabelFacts]):
+    """Each node's `label_facts`, with apart the nodes with a preinstalled driver (`picked`): a
+    handful, where a pass used to read every node's labels for them."""
+
+    def __init__(self) -> None:
+        super().__init__(label_facts, lambda value: value.preinstalled)
 
 
 class UpgradeFacts(NamedTuple):
@@ -241,25 +250,12 @@ def upgrade_facts(node: Mapping[str, Any]) -> UpgradeFacts:
     )
 
 
-class UpgradeFold(Folded[UpgradeFacts]):
-    """Each node's `upgrade_facts`, with apart the nodes an upgrade view counts (`marked`: in
+class UpgradeFold(PickedFold[UpgradeFacts]):
+    """Each node's `upgrade_facts`, with apart the nodes an upgrade view counts (`picked`: in
     the upgrade state machine or labelled to skip it): outside an upgrade, none."""
 
     def __init__(self) -> None:
-        super().__init__(upgrade_facts)
-        self.marked: dict[str, UpgradeFacts] = {}
-
-    def changed(
-        self, key: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
-    ) -> None:
-        self.marked.pop(key, None)
-        super().changed(key, old, new)
-        value = self.values.get(key)
-        if value is not None and (value.skip or value.state):
-            self.marked[key] = value
-
-    def _clear(self) -> None:
-        self.marked = {}
+        super().__init__(upgrade_facts, lambda value: value.skip or bool(value.state))
 
 
 def from_nodes(
