@@ -530,8 +530,18 @@ async def test_applying_the_same_configuration_twice_writes_nothing(
     await api.ok("PATCH", f"{DS}/op", ds, ctype=APPLY, params={"fieldManager": "op"})
 
     def rolled_out() -> bool:
-        status = (sim.store.get("daemonsets.apps", "op", namespace="default") or {}).get("status")
-        return bool(status) and status.get("numberReady") == status.get("desiredNumberScheduled")
+        stored = sim.store.get("daemonsets.apps", "op", namespace="default") or {}
+        status = stored.get("status") or {}
+        # Every figure final: both nodes counted, their pods updated, ready and available, the
+        # generation observed (ready == desired alone also holds for an earlier status).
+        generation = (stored.get("metadata") or {}).get("generation")
+        return bool(generation) and status.get("observedGeneration") == generation and all(
+            status.get(field) == 2
+            for field in (
+                "desiredNumberScheduled", "currentNumberScheduled", "updatedNumberScheduled",
+                "numberReady", "numberAvailable",
+            )
+        )  # fmt: skip
 
     # The DaemonSet controller has written its last status (its pods run and are ready): the
     # controllers' queues alone may drain while a kubelet still starts a pod.
